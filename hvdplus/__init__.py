@@ -1,0 +1,50 @@
+"""hvdplus: Horovod-style data-parallel training over MPI for numpy, PyTorch, TensorFlow and Keras.
+
+    import hvdplus as hvd
+    hvd.init()
+    mean = hvd.allreduce(local_gradient)          # averaged over hvd.size() ranks
+
+Importing hvdplus starts nothing; `hvd.init()` starts MPI. The collectives here work on
+numpy arrays; `hvdplus.torch`, `hvdplus.tensorflow` and `hvdplus.keras` wrap them for tensors.
+"""
+
+import importlib
+
+from .common.errors import HvdplusError, NotInitializedError, TensorMismatchError
+from .common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
+from .common.runtime import (
+    cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
+    mpi_built, mpi_enabled, mpi_threads_supported, rank, shutdown, size,
+)
+from .version import __version__
+
+# Loaded on first use, because importing them imports mpi4py.MPI, which initializes MPI:
+# the launcher (`python -m hvdplus.runner`) must not do that.
+_LAZY = {
+    name: "hvdplus.comm.collectives"
+    for name in (
+        "allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+        "barrier", "broadcast_object", "allgather_object",
+    )
+}
+
+__all__ = [
+    "__version__", "HvdplusError", "NotInitializedError", "TensorMismatchError",
+    "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built",
+] + sorted(_LAZY)
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hvdplus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,80 @@
+"""Turning a user's arguments into checked values, with errors that name the tensor."""
+
+import numbers
+
+import numpy as np
+
+from ..common.dtypes import check_supported, is_integer
+from ..common.reduce_ops import ReduceOp, as_reduce_op
+
+__all__ = ["as_array", "reduction_arguments", "check_root_rank", "check_has_rows", "alltoall_splits"]
+
+
+def as_array(value, what: str) -> np.ndarray:
+    """`value` as a numpy array of a supported dtype (no copy when it already is one)."""
+    array = np.asarray(value)
+    check_supported(array.dtype, what)
+    return array
+
+
+def _scale(factor, label: str, what: str) -> float:
+    if not isinstance(factor, numbers.Real):
+        raise TypeError(f"{what}: {label} must be a real number, got {type(factor).__name__}")
+    return float(factor)
+
+
+def reduction_arguments(array: np.ndarray, op, prescale_factor, postscale_factor, what: str):
+    """(op, prescale, postscale) after checking they make sense for `array`'s dtype.
+
+    Integers are reduced exactly, so Average (which would have to truncate) and scale
+    factors other than 1 are refused on them rather than silently rounded.
+    """
+    op = as_reduce_op(op)
+    prescale = _scale(prescale_factor, "prescale_factor", what)
+    postscale = _scale(postscale_factor, "postscale_factor", what)
+    dtype = array.dtype
+    if dtype == np.bool_ and op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise TypeError(
+            f"{what}: op {op.label} is not defined for bool; use Max (logical or) or Min (logical and)"
+        )
+    if is_integer(dtype) or dtype == np.bool_:
+        if op == ReduceOp.AVERAGE:
+            raise TypeError(
+                f"{what}: op Average on integer dtype {dtype.name} would truncate; "
+                "use op=Sum and divide, or cast to a floating dtype"
+            )
+        if prescale != 1.0 or postscale != 1.0:
+            raise TypeError(f"{what}: scale factors need a floating dtype, got {dtype.name}")
+    return op, prescale, postscale
+
+
+def check_root_rank(root_rank, size: int, what: str) -> int:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
+        raise TypeError(f"{what}: root_rank must be an int, got {type(root_rank).__name__}")
+    if not 0 <= root_rank < size:
+        raise ValueError(f"{what}: root_rank {root_rank} is out of range for a job of {size} ranks")
+    return int(root_rank)
+
+
+def check_has_rows(array: np.ndarray, what: str) -> None:
+    if array.ndim == 0:
+        raise ValueError(f"{what} is a scalar; this collective splits or joins along a first dimension")
+
+
+def alltoall_splits(array: np.ndarray, splits, size: int, what: str) -> list:
+    """Rows of `array` to send to each rank: `splits`, or an even division when None."""
+    first_dim = array.shape[0]
+    if splits is None:
+        if first_dim % size:
+            raise ValueError(
+                f"{what}: first dimension {first_dim} is not divisible by {size} ranks; pass splits"
+            )
+        return [first_dim // size] * size
+    splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+    if len(splits) != size:
+        raise ValueError(f"{what}: splits has {len(splits)} entries, expected one per rank ({size})")
+    if any(s < 0 for s in splits):
+        raise ValueError(f"{what}: splits {splits} has negative entries")
+    if sum(splits) != first_dim:
+        raise ValueError(f"{what}: splits {splits} sum to {sum(splits)}, but the first dimension is {first_dim}")
+    return splits

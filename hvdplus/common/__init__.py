@@ -1,0 +1,1 @@
+"""Framework-free core of hvdplus: runtime state, topology, settings and errors."""

@@ -1,0 +1,40 @@
+"""Reduction operators, numbered as Horovod numbers them so `op=hvd.Sum` reads the same."""
+
+import enum
+
+__all__ = ["ReduceOp", "Average", "Sum", "Min", "Max", "Product", "as_reduce_op"]
+
+
+class ReduceOp(enum.IntEnum):
+    AVERAGE = 0
+    SUM = 1
+    MIN = 3
+    MAX = 4
+    PRODUCT = 5
+
+    @property
+    def label(self) -> str:
+        return self.name.capitalize()
+
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+
+def as_reduce_op(op) -> ReduceOp:
+    """Accept a ReduceOp, its Horovod number, or its name ("sum", "Average")."""
+    if isinstance(op, str):
+        try:
+            return ReduceOp[op.upper()]
+        except KeyError:
+            pass
+    else:
+        try:
+            return ReduceOp(op)
+        except ValueError:
+            pass
+    names = ", ".join(member.label for member in ReduceOp)
+    raise ValueError(f"unknown reduce op {op!r}; expected one of {names}")

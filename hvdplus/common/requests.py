@@ -1,0 +1,80 @@
+"""What a rank asks of a collective, and the check that every rank asked for the same thing.
+
+Each rank describes its call as a `Request`; the requests of all ranks are compared before
+any data moves, so a mismatch becomes an error on every rank instead of a hang or a silent
+mix-up. The synchronous path exchanges requests per call; the engine batches them.
+"""
+
+import dataclasses
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from .errors import TensorMismatchError, input_error_class
+
+__all__ = ["Request", "input_error", "check_agreement", "describe_by_rank"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One rank's call.
+
+    Args:
+        kind: the collective ("allreduce", "allgather", ...).
+        name: the tensor's name; ranks pair calls by it.
+        agree: values every rank must share, keyed by their plural label ("shapes", "dtypes").
+        local: values that may differ per rank (allgather's first dimension, alltoall's splits).
+        error: (exception type name, message) when this rank's own input was rejected.
+    """
+
+    kind: str
+    name: str
+    agree: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    local: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    error: Optional[Tuple[str, str]] = None
+
+
+def input_error(kind: str, name: str, exc: Exception) -> Request:
+    """The request a rank sends when its own arguments were rejected with `exc`."""
+    return Request(kind, name, error=(type(exc).__name__, str(exc)))
+
+
+def describe_by_rank(values: Sequence[Any]) -> str:
+    """'rank 0 had (2, 3), ranks 1, 2 had (4,)': ranks grouped by the value they had."""
+    groups: Dict[str, list] = {}
+    for rank, value in enumerate(values):
+        groups.setdefault(_show(value), []).append(rank)
+    parts = []
+    for shown, ranks in groups.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        parts.append(f"{who} had {shown}")
+    return ", ".join(parts)
+
+
+def _show(value: Any) -> str:
+    if hasattr(value, "label"):
+        return value.label
+    return str(value)
+
+
+def check_agreement(requests: Sequence[Request]) -> None:
+    """Raise the same exception on every rank unless all `requests` (index = rank) agree."""
+    failed = [(rank, request.error) for rank, request in enumerate(requests) if request.error]
+    if failed:
+        first_type = failed[0][1][0]
+        detail = "; ".join(f"rank {rank}: {message}" for rank, (_, message) in failed)
+        raise input_error_class(first_type)(detail)
+
+    calls = [f"{request.kind} '{request.name}'" for request in requests]
+    if len(set(calls)) > 1:
+        raise TensorMismatchError(
+            f"Mismatched collectives: {describe_by_rank(calls)}; every rank must call the "
+            "same collectives in the same order (or give them the same names)"
+        )
+
+    reference = requests[0]
+    for label in reference.agree:
+        values = [request.agree[label] for request in requests]
+        if any(value != values[0] for value in values[1:]):
+            raise TensorMismatchError(
+                f"Mismatched {label} for '{reference.name}' ({reference.kind}): "
+                f"{describe_by_rank(values)}"
+            )

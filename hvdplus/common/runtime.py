@@ -1,0 +1,180 @@
+"""Process-wide state of hvdplus: `init`, `shutdown` and the rank and size queries.
+
+Importing hvdplus does not start MPI; `init()` does (through mpi4py, at the thread level
+mpi4py asks for, MPI_THREAD_MULTIPLE by default). Under `hvdplusrun`, `mpirun`, `mpiexec`
+or Slurm's `srun` the ranks come from MPI; with no launcher the process is a job of one.
+"""
+
+import itertools
+import sys
+from typing import Optional, Sequence, Union
+
+from .errors import NotInitializedError
+from .settings import Settings
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "current",
+    "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
+    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+]
+
+
+class Runtime:
+    """Everything `init()` sets up; lives until `shutdown()`."""
+
+    def __init__(self, topology, settings: Settings):
+        self.topology = topology
+        self.settings = settings
+        self.comm = topology.comm
+        self._name_counters = {}
+
+    def name_for(self, kind: str, name: Optional[str]) -> str:
+        """`name`, or a deterministic one ("allreduce.7"): the n-th unnamed call of a kind
+        gets the same name on every rank that runs the same program."""
+        if name is not None:
+            return str(name)
+        counter = self._name_counters.setdefault(kind, itertools.count())
+        return f"{kind}.{next(counter)}"
+
+
+_runtime: Optional[Runtime] = None
+_previous_excepthook = None
+
+
+def init(comm: Union[None, "object", Sequence[int]] = None) -> None:
+    """Start hvdplus on this process; calling it again is harmless.
+
+    Args:
+        comm: None for every process of the job (MPI_COMM_WORLD); an mpi4py communicator,
+            which is duplicated so hvdplus traffic never meets the caller's; or a list of
+            world ranks, which every process must pass alike. A process left out of that
+            list stays uninitialized.
+    """
+    global _runtime
+    if _runtime is not None:
+        return
+    from mpi4py import MPI
+
+    from .topology import build_topology
+
+    settings = Settings.from_env()
+    base = _communicator(MPI, comm)
+    if base == MPI.COMM_NULL:
+        return
+    _runtime = Runtime(build_topology(base, settings), settings)
+    if _runtime.topology.size > 1:
+        _install_abort_on_uncaught_exception(MPI)
+
+
+def _communicator(MPI, comm):
+    if comm is None:
+        return MPI.COMM_WORLD.Dup()
+    if isinstance(comm, MPI.Intracomm):
+        return comm.Dup()
+    if isinstance(comm, MPI.Comm):
+        raise TypeError(f"init(comm=...) needs an intracommunicator, got {type(comm).__name__}")
+    ranks = list(comm)
+    world_size = MPI.COMM_WORLD.Get_size()
+    bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < world_size]
+    if bad or len(set(ranks)) != len(ranks) or not ranks:
+        raise ValueError(
+            f"init(comm={ranks!r}): expected distinct world ranks in [0, {world_size})"
+        )
+    group = MPI.COMM_WORLD.Get_group().Incl(ranks)
+    try:
+        return MPI.COMM_WORLD.Create(group)
+    finally:
+        group.Free()
+
+
+def _install_abort_on_uncaught_exception(MPI) -> None:
+    """An uncaught exception on one rank would leave the others waiting in a collective
+    forever; abort the whole job instead, after printing the traceback."""
+    global _previous_excepthook
+    _previous_excepthook = sys.excepthook
+
+    def abort_job(exc_type, exc, traceback):
+        _previous_excepthook(exc_type, exc, traceback)
+        sys.stderr.write(f"hvdplus: uncaught {exc_type.__name__} on rank {rank()}; aborting the job\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = abort_job
+
+
+def shutdown() -> None:
+    """Release hvdplus' communicators; `init()` may be called again afterwards."""
+    global _runtime, _previous_excepthook
+    if _runtime is None:
+        return
+    runtime, _runtime = _runtime, None
+    if _previous_excepthook is not None:
+        sys.excepthook, _previous_excepthook = _previous_excepthook, None
+    runtime.topology.free()
+
+
+def is_initialized() -> bool:
+    return _runtime is not None
+
+
+def current(what: str = "") -> Runtime:
+    """The live runtime, or NotInitializedError naming the call that needed it."""
+    if _runtime is None:
+        raise NotInitializedError(what)
+    return _runtime
+
+
+def size() -> int:
+    """Number of ranks in the job."""
+    return current("size()").topology.size
+
+
+def rank() -> int:
+    """This process' rank in [0, size())."""
+    return current("rank()").topology.rank
+
+
+def local_size() -> int:
+    """Number of ranks on this node."""
+    return current("local_size()").topology.local_comm.Get_size()
+
+
+def local_rank() -> int:
+    """This process' rank among the ranks of its node."""
+    return current("local_rank()").topology.local_comm.Get_rank()
+
+
+def cross_size() -> int:
+    """Number of nodes that have a rank with this process' local rank."""
+    return current("cross_size()").topology.cross_comm.Get_size()
+
+
+def cross_rank() -> int:
+    """This node's index among the nodes (ranks with the same local rank)."""
+    return current("cross_rank()").topology.cross_comm.Get_rank()
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks."""
+    return current("is_homogeneous()").topology.homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    """True when MPI runs at MPI_THREAD_MULTIPLE, so any thread may call into it."""
+    current("mpi_threads_supported()")
+    from mpi4py import MPI
+
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    """True once initialized: MPI is hvdplus' only transport."""
+    current("mpi_enabled()")
+    return True
+
+
+def mpi_built() -> bool:
+    """True when mpi4py, hvdplus' MPI binding, can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("mpi4py") is not None

@@ -1,0 +1,83 @@
+"""Every tunable of hvdplus, read once from the environment into one frozen object.
+
+The launcher (`hvdplusrun`) turns its flags into these environment variables, so a job
+started by plain `mpirun` is configured the same way. Each `HVDPLUS_*` name also
+accepts the `HOROVOD_*` spelling that existing job scripts already export.
+"""
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+__all__ = ["Settings", "ALLREDUCE_ALGORITHMS", "env_names"]
+
+ALLREDUCE_ALGORITHMS = ("auto", "mpi", "ring", "hierarchical", "shm")
+
+MIB = 1024 * 1024
+
+
+def env_names(suffix: str):
+    """The variable names that configure `suffix`, ours first."""
+    return ("HVDPLUS_" + suffix, "HOROVOD_" + suffix)
+
+
+def _lookup(environ: Mapping[str, str], suffix: str) -> Optional[str]:
+    for name in env_names(suffix):
+        value = environ.get(name)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def _number(environ, suffix, default, kind=float):
+    raw = _lookup(environ, suffix)
+    if raw is None:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(
+            f"{env_names(suffix)[0]}={raw!r} is not a valid {kind.__name__}"
+        ) from None
+
+
+def _flag(environ, suffix) -> bool:
+    raw = _lookup(environ, suffix)
+    return raw is not None and raw.strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Configuration of one process; see README "Configuration" for each variable."""
+
+    fusion_threshold_bytes: int = 64 * MIB
+    cycle_time_ms: float = 1.0
+    timeline_path: Optional[str] = None
+    allreduce_algorithm: str = "auto"
+    stall_check_seconds: float = 60.0
+    stall_shutdown_seconds: float = 0.0
+    node_id: Optional[str] = None
+    ranks_per_node: int = 0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
+        algorithm = (_lookup(environ, "ALLREDUCE_ALGO") or "auto").lower()
+        if _flag(environ, "HIERARCHICAL_ALLREDUCE") and algorithm == "auto":
+            algorithm = "hierarchical"
+        if algorithm not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(
+                f"HVDPLUS_ALLREDUCE_ALGO={algorithm!r}; expected one of {', '.join(ALLREDUCE_ALGORITHMS)}"
+            )
+        ranks_per_node = _number(environ, "RANKS_PER_NODE", 0, int)
+        if ranks_per_node < 0:
+            raise ValueError(f"HVDPLUS_RANKS_PER_NODE must be positive, got {ranks_per_node}")
+        return cls(
+            fusion_threshold_bytes=_number(environ, "FUSION_THRESHOLD", cls.fusion_threshold_bytes, int),
+            cycle_time_ms=_number(environ, "CYCLE_TIME", cls.cycle_time_ms),
+            timeline_path=_lookup(environ, "TIMELINE"),
+            allreduce_algorithm=algorithm,
+            stall_check_seconds=_number(environ, "STALL_CHECK_TIME_SECONDS", cls.stall_check_seconds),
+            stall_shutdown_seconds=_number(environ, "STALL_SHUTDOWN_TIME_SECONDS", cls.stall_shutdown_seconds),
+            node_id=_lookup(environ, "NODE_ID"),
+            ranks_per_node=ranks_per_node,
+        )

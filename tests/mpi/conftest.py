@@ -1,0 +1,31 @@
+"""Every rank of the job runs these tests in the same order; hvdplus is started once per rank."""
+
+import numpy as np
+import pytest
+
+import hvdplus as hvd
+
+hvd.init()
+
+
+@pytest.fixture
+def rank():
+    return hvd.rank()
+
+
+@pytest.fixture
+def size():
+    return hvd.size()
+
+
+def rank_values(dtype, shape, rank, seed, low=-3, high=3):
+    """The data rank `rank` contributes; every rank can rebuild every other rank's data,
+    so each computes the expected result with numpy on its own."""
+    rng = np.random.default_rng([seed, rank])
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.kind in "iu":
+        low = max(low, 0) if dtype.kind == "u" else low
+        return rng.integers(low, high + 1, size=shape).astype(dtype)
+    return rng.uniform(low, high, size=shape).astype(dtype)

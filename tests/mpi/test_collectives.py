@@ -1,0 +1,166 @@
+"""Every collective × dtype × shape against numpy, on 1, 2 and 3 ranks."""
+
+import numpy as np
+import pytest
+
+import hvdplus as hvd
+from conftest import rank_values
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+FLOATS = ["float16", ml_dtypes.bfloat16, "float32", "float64"]
+INTEGERS = ["int8", "int16", "int32", "int64", "uint8"]
+ALL_DTYPES = FLOATS + INTEGERS + ["bool"]
+SHAPES = [(), (0,), (1,), (7,), (3, 4, 5)]
+TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-5, "float64": 1e-12}
+
+NUMPY_REDUCTIONS = {
+    hvd.Sum: lambda stack: stack.sum(axis=0),
+    hvd.Average: lambda stack: stack.mean(axis=0),
+    hvd.Min: lambda stack: stack.min(axis=0),
+    hvd.Max: lambda stack: stack.max(axis=0),
+    hvd.Product: lambda stack: stack.prod(axis=0),
+}
+
+
+def valid_ops(dtype):
+    kind = np.dtype(dtype).kind
+    if kind == "b":
+        return [hvd.Min, hvd.Max, hvd.Product]
+    if kind in "iu":
+        return [hvd.Sum, hvd.Min, hvd.Max, hvd.Product]
+    return list(NUMPY_REDUCTIONS)
+
+
+def reference_reduction(dtype, shape, seed, op, size, pre=1.0, post=1.0, low=-3, high=3):
+    dtype = np.dtype(dtype)
+    inputs = [rank_values(dtype, shape, r, seed, low, high) for r in range(size)]
+    wide = {"f": np.float64, "i": np.int64, "u": np.uint64, "b": np.uint8}
+    accumulate = wide["f"] if dtype.name == "bfloat16" else wide[dtype.kind]
+    stack = np.stack([x.astype(accumulate) * pre if pre != 1.0 else x.astype(accumulate) for x in inputs])
+    result = NUMPY_REDUCTIONS[op](stack)
+    if post != 1.0:
+        result = result * post
+    return inputs, result
+
+
+def assert_matches(actual, expected, dtype):
+    dtype = np.dtype(dtype)
+    assert actual.dtype == dtype, (actual.dtype, dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    if dtype.kind in "iub":
+        np.testing.assert_array_equal(actual, expected.astype(dtype))
+    else:
+        tol = TOLERANCE[dtype.name]
+        np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64), rtol=tol, atol=tol)
+
+
+CASES = [(dtype, shape, op) for dtype in ALL_DTYPES for shape in SHAPES for op in valid_ops(dtype)]
+
+
+@pytest.mark.parametrize("dtype, shape, op", CASES, ids=str)
+def test_allreduce_matches_numpy(dtype, shape, op, rank, size):
+    # Product grows fast: keep its inputs near one so float16 does not overflow.
+    low, high = (0.5, 1.5) if op == hvd.Product and np.dtype(dtype).kind == "f" else (-3, 3)
+    inputs, expected = reference_reduction(dtype, shape, 11, op, size, low=low, high=high)
+    result = hvd.allreduce(inputs[rank], op=op)
+    assert_matches(result, expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average])
+def test_allreduce_scale_factors(dtype, op, rank, size):
+    inputs, expected = reference_reduction(dtype, (5, 3), 12, op, size, pre=0.5, post=3.0)
+    result = hvd.allreduce(inputs[rank], op=op, prescale_factor=0.5, postscale_factor=3.0)
+    assert_matches(result, expected, dtype)
+
+
+def test_allreduce_leaves_input_untouched_and_accepts_lists(rank, size):
+    data = np.full(4, rank + 1.0)
+    result = hvd.allreduce(data, op=hvd.Sum)
+    np.testing.assert_array_equal(data, np.full(4, rank + 1.0))
+    np.testing.assert_array_equal(result, np.full(4, size * (size + 1) / 2))
+    np.testing.assert_array_equal(hvd.allreduce([1.0, 2.0], op=hvd.Sum), [size, 2.0 * size])
+
+
+def test_allreduce_non_contiguous_input(rank, size):
+    base = rank_values("float64", (6, 4), rank, 13)
+    result = hvd.allreduce(base[::2, ::2], op=hvd.Sum)
+    expected = sum(rank_values("float64", (6, 4), r, 13)[::2, ::2] for r in range(size))
+    np.testing.assert_allclose(result, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("trailing", [(), (3,), (2, 3)], ids=str)
+def test_allgather_uneven_first_dimension(dtype, trailing, rank, size):
+    # Rank 1 contributes no rows at all: empty pieces must not shift the others.
+    rows = [0 if r == 1 else r + 2 for r in range(size)]
+    inputs = [rank_values(dtype, (rows[r],) + trailing, r, 21) for r in range(size)]
+    result = hvd.allgather(inputs[rank])
+    np.testing.assert_array_equal(result, np.concatenate(inputs))
+    assert result.dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_broadcast_from_every_root(dtype, shape, rank, size):
+    for root in range(size):
+        mine = rank_values(dtype, shape, rank, 31 + root)
+        result = hvd.broadcast(mine, root_rank=root)
+        np.testing.assert_array_equal(result, rank_values(dtype, shape, root, 31 + root))
+        assert result.dtype == np.dtype(dtype) and result.shape == shape
+
+
+def random_splits(rank, size, seed):
+    rng = np.random.default_rng([seed, rank])
+    return rng.integers(0, 4, size=size)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("trailing", [(), (2, 3)], ids=str)
+def test_alltoall_with_splits(dtype, trailing, rank, size):
+    splits = [random_splits(r, size, 41) for r in range(size)]
+    inputs = [rank_values(dtype, (int(splits[r].sum()),) + trailing, r, 42) for r in range(size)]
+    received, received_splits = hvd.alltoall(inputs[rank], splits=splits[rank])
+    pieces = [np.split(inputs[r], np.cumsum(splits[r])[:-1])[rank] for r in range(size)]
+    np.testing.assert_array_equal(received, np.concatenate(pieces))
+    np.testing.assert_array_equal(received_splits, [splits[r][rank] for r in range(size)])
+
+
+def test_alltoall_even_split(rank, size):
+    data = np.arange(2 * size) + 100 * rank
+    received, received_splits = hvd.alltoall(data)
+    expected = np.concatenate([np.arange(2 * size)[2 * rank:2 * rank + 2] + 100 * r for r in range(size)])
+    np.testing.assert_array_equal(received, expected)
+    np.testing.assert_array_equal(received_splits, [2] * size)
+
+
+def rows_for(rank, first_dim, size):
+    base, extra = divmod(first_dim, size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "uint8"], ids=str)
+@pytest.mark.parametrize("first_dim", [0, 1, 2, 3, 7, 10])
+def test_reducescatter_matches_numpy(dtype, first_dim, rank, size):
+    for op in valid_ops(dtype):
+        low, high = (0.5, 1.5) if op == hvd.Product and np.dtype(dtype).kind == "f" else (-3, 3)
+        inputs, expected = reference_reduction(dtype, (first_dim, 2), 51, op, size, low=low, high=high)
+        result = hvd.reducescatter(inputs[rank], op=op)
+        assert_matches(result, expected[rows_for(rank, first_dim, size)], dtype)
+
+
+def test_barrier_and_objects(rank, size):
+    hvd.barrier()
+    for root in range(size):
+        received = hvd.broadcast_object({"from": rank, "payload": [rank] * 3}, root_rank=root)
+        assert received == {"from": root, "payload": [root] * 3}
+    assert hvd.allgather_object(("rank", rank)) == [("rank", r) for r in range(size)]
+
+
+def test_large_allreduce(rank, size):
+    # 64 MiB of float32: larger than any eager or internal buffer limit of the MPI library.
+    data = np.full(16 * 1024 * 1024, rank + 1, dtype=np.float32)
+    result = hvd.allreduce(data, op=hvd.Sum)
+    assert result[0] == result[-1] == size * (size + 1) / 2

@@ -1,0 +1,30 @@
+"""The examples run under the launcher and give the same model whatever the rank count."""
+
+import re
+import sys
+
+import pytest
+
+from mpi_jobs import launch
+
+pytest.importorskip("sklearn")
+
+
+def final_line(nranks):
+    result = launch(nranks, [sys.executable, "examples/numpy_logistic_regression.py", "--steps", "120"], timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    match = re.search(r"ranks (\d+)  final loss ([\d.]+)  test accuracy ([\d.]+)", result.stdout)
+    assert match, result.stdout
+    return int(match.group(1)), float(match.group(2)), float(match.group(3))
+
+
+@pytest.mark.timeout(300)
+def test_logistic_regression_is_the_same_model_on_one_two_and_three_ranks():
+    single = final_line(1)
+    assert single[0] == 1 and single[2] > 0.9
+    for nranks in (2, 3):
+        ranks, loss, accuracy = final_line(nranks)
+        assert ranks == nranks
+        # Summed gradients over shards are the full-batch gradient: only rounding differs.
+        assert loss == pytest.approx(single[1], rel=1e-6)
+        assert accuracy == pytest.approx(single[2], abs=1e-9)

@@ -1,0 +1,22 @@
+"""Runs the suites under tests/mpi/ inside real MPI jobs of 1, 2 and 3 ranks (odd sizes
+catch ring and split arithmetic), and the topology suite with ranks posing as nodes."""
+
+import pytest
+
+from mpi_jobs import run_pytest_on_ranks
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_collectives_and_errors(nranks):
+    run_pytest_on_ranks(nranks, ["tests/mpi"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "nranks, ranks_per_node", [(4, 2), (3, 2)], ids=["4-ranks-as-2x2", "3-ranks-as-2+1"]
+)
+def test_topology_with_simulated_nodes(nranks, ranks_per_node):
+    run_pytest_on_ranks(
+        nranks, ["tests/mpi/test_topology.py"], env={"HVDPLUS_RANKS_PER_NODE": str(ranks_per_node)}
+    )

@@ -1,0 +1,40 @@
+"""The cross-rank agreement check, on hand-made requests (no MPI needed)."""
+
+import pytest
+
+from hvdplus.common.errors import TensorMismatchError
+from hvdplus.common.reduce_ops import Max, Sum
+from hvdplus.common.requests import Request, check_agreement, describe_by_rank, input_error
+
+
+def allreduce_request(shape=(2,), op=Sum, name="g"):
+    return Request("allreduce", name, {"dtypes": "float32", "shapes": shape, "reduce ops": op})
+
+
+def test_agreeing_requests_pass():
+    check_agreement([allreduce_request(), allreduce_request(), allreduce_request()])
+
+
+def test_describe_groups_ranks_by_value():
+    assert describe_by_rank([(1,), (2,), (1,)]) == "ranks 0, 2 had (1,), rank 1 had (2,)"
+    assert describe_by_rank([Sum, Max]) == "rank 0 had Sum, rank 1 had Max"
+
+
+def test_first_differing_field_is_reported():
+    with pytest.raises(TensorMismatchError, match=r"Mismatched reduce ops for 'g' \(allreduce\): rank 0 had Sum, rank 1 had Max"):
+        check_agreement([allreduce_request(), allreduce_request(op=Max)])
+
+
+def test_different_names_or_kinds():
+    with pytest.raises(TensorMismatchError, match="rank 0 had allreduce 'a', rank 1 had allreduce 'b'"):
+        check_agreement([allreduce_request(name="a"), allreduce_request(name="b")])
+
+
+def test_input_errors_keep_their_type_and_name_every_failing_rank():
+    requests = [
+        allreduce_request(),
+        input_error("allreduce", "g", TypeError("bad dtype")),
+        input_error("allreduce", "g", ValueError("bad shape")),
+    ]
+    with pytest.raises(TypeError, match="rank 1: bad dtype; rank 2: bad shape"):
+        check_agreement(requests)

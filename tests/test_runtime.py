@@ -1,0 +1,145 @@
+"""init/shutdown and the queries, in this process (a job of one) and in small real jobs."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import hvdplus as hvd
+from mpi_jobs import REPO, launch
+
+QUERIES = [
+    hvd.size, hvd.rank, hvd.local_size, hvd.local_rank, hvd.cross_size, hvd.cross_rank,
+    hvd.is_homogeneous, hvd.mpi_threads_supported, hvd.mpi_enabled,
+]
+COLLECTIVES = [
+    lambda: hvd.allreduce(np.ones(2)), lambda: hvd.allgather(np.ones(2)),
+    lambda: hvd.broadcast(np.ones(2), 0), lambda: hvd.alltoall(np.ones(2)),
+    lambda: hvd.reducescatter(np.ones(2)), hvd.barrier,
+    lambda: hvd.broadcast_object(1), lambda: hvd.allgather_object(1),
+]
+
+
+@pytest.fixture
+def uninitialized():
+    hvd.shutdown()
+    yield
+    hvd.shutdown()
+
+
+@pytest.mark.parametrize("call", QUERIES + COLLECTIVES)
+def test_everything_before_init_raises_a_clear_error(call, uninitialized):
+    with pytest.raises(hvd.NotInitializedError, match=r"hvdplus has not been initialized; call hvdplus.init\(\) first"):
+        call()
+    assert not hvd.is_initialized()
+
+
+def test_single_process_is_a_job_of_one(uninitialized):
+    hvd.init()
+    hvd.init()  # twice is harmless
+    assert hvd.is_initialized()
+    assert (hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank()) == (1, 0, 1, 0)
+    assert (hvd.cross_size(), hvd.cross_rank(), hvd.is_homogeneous()) == (1, 0, True)
+    assert hvd.mpi_enabled() and hvd.mpi_built()
+    np.testing.assert_array_equal(hvd.allreduce(np.arange(3.0)), np.arange(3.0))
+
+
+def test_shutdown_then_init_again(uninitialized):
+    hvd.init()
+    hvd.shutdown()
+    with pytest.raises(hvd.NotInitializedError):
+        hvd.rank()
+    hvd.init()
+    assert hvd.rank() == 0
+
+
+def test_init_with_a_communicator_or_rank_list(uninitialized):
+    from mpi4py import MPI
+
+    hvd.init(comm=MPI.COMM_SELF)
+    assert hvd.size() == 1
+    hvd.shutdown()
+    hvd.init(comm=[0])
+    assert hvd.size() == 1
+    hvd.shutdown()
+    with pytest.raises(ValueError, match=r"distinct world ranks in \[0, 1\)"):
+        hvd.init(comm=[0, 3])
+
+
+def test_local_input_errors_raise_directly_in_a_job_of_one(uninitialized):
+    hvd.init()
+    with pytest.raises(ValueError, match="root_rank 1 is out of range for a job of 1 ranks"):
+        hvd.broadcast(np.ones(2), root_rank=1)
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        hvd.allreduce(np.array(["text"]))
+    with pytest.raises(ValueError, match="unknown reduce op"):
+        hvd.allreduce(np.ones(2), op="median")
+
+
+def run_python(code, env=None, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        env=dict(os.environ, **(env or {})),
+    )
+
+
+def test_import_does_not_start_mpi():
+    result = run_python("import sys, hvdplus; print('mpi4py.MPI' in sys.modules)")
+    assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_plain_python_prints_size_one():
+    result = run_python("import hvdplus as h; h.init(); print(h.size())")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1"
+
+
+@pytest.mark.timeout(90)
+def test_hvdplusrun_three_ranks_print_their_ranks():
+    result = launch(3, [sys.executable, "-c", "import hvdplus as h; h.init(); print(h.rank(), h.size())"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = sorted(line.split("]")[-1].split(":")[-1].strip() for line in result.stdout.splitlines() if line.strip())
+    assert lines == ["0 3", "1 3", "2 3"], result.stdout
+
+
+def open_mpi_mpirun():
+    found = shutil.which("mpirun", path=os.path.join(sys.prefix, "bin")) or shutil.which("mpirun")
+    if not found:
+        return None
+    version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30).stdout
+    return found if "Open MPI" in version else None
+
+
+@pytest.mark.timeout(90)
+def test_plain_mpirun_three_ranks():
+    mpirun = open_mpi_mpirun()
+    if mpirun is None:
+        pytest.skip("this check spells Open MPI's flags")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    result = subprocess.run(
+        [mpirun, "--oversubscribe", "-np", "3", sys.executable, "-c",
+         "import hvdplus as h; h.init(); print(h.rank(), h.size())"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.split("\n"))[-3:] == ["0 3", "1 3", "2 3"]
+
+
+@pytest.mark.timeout(90)
+def test_uncaught_exception_on_one_rank_aborts_the_job_quickly():
+    code = (
+        "import numpy as np, hvdplus as h; h.init()\n"
+        "if h.rank() == 1: raise RuntimeError('boom on rank one')\n"
+        "h.allreduce(np.ones(3))\n"
+    )
+    started = time.monotonic()
+    result = launch(2, [sys.executable, "-c", code], timeout=60)
+    assert result.returncode != 0
+    assert time.monotonic() - started < 30
+    assert "boom on rank one" in result.stderr + result.stdout
+    assert "aborting the job" in result.stderr + result.stdout

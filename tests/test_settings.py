@@ -1,0 +1,35 @@
+"""Environment variables into Settings, including Horovod's spellings."""
+
+import pytest
+
+from hvdplus.common.settings import Settings
+
+
+def test_defaults():
+    settings = Settings.from_env({})
+    assert settings.fusion_threshold_bytes == 64 * 1024 * 1024
+    assert settings.allreduce_algorithm == "auto"
+    assert settings.stall_check_seconds == 60.0 and settings.stall_shutdown_seconds == 0.0
+
+
+def test_ours_win_over_horovods():
+    settings = Settings.from_env({"HOROVOD_FUSION_THRESHOLD": "100", "HVDPLUS_FUSION_THRESHOLD": "200",
+                                  "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_TIMELINE": "/tmp/t.json"})
+    assert settings.fusion_threshold_bytes == 200
+    assert settings.cycle_time_ms == 2.5
+    assert settings.timeline_path == "/tmp/t.json"
+
+
+def test_hierarchical_flag_selects_the_algorithm():
+    assert Settings.from_env({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}).allreduce_algorithm == "hierarchical"
+    assert Settings.from_env({"HVDPLUS_HIERARCHICAL_ALLREDUCE": "0"}).allreduce_algorithm == "auto"
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"HVDPLUS_ALLREDUCE_ALGO": "fastest"}, "expected one of auto, mpi, ring"),
+    ({"HVDPLUS_FUSION_THRESHOLD": "lots"}, "not a valid int"),
+    ({"HVDPLUS_RANKS_PER_NODE": "-2"}, "must be positive"),
+])
+def test_bad_values_are_named(environ, message):
+    with pytest.raises(ValueError, match=message):
+        Settings.from_env(environ)
