@@ -1,0 +1,245 @@
+"""The mpirun command line for a job, in the dialect of the MPI that runs it.
+
+Each MPI gets one `Dialect` subclass that spells every part of a job (process count,
+placement, output, environment); `Dialect.command` puts the parts in one order for all.
+"""
+
+import abc
+import dataclasses
+import os
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Type
+
+from .hosts import Host, format_host_list, hydra_hostfile_text, total_slots
+from .mpi_discovery import MpiImplementation
+
+__all__ = [
+    "Job",
+    "Dialect",
+    "OpenMpi",
+    "Mpich",
+    "IntelMpi",
+    "DIALECTS",
+    "dialect_for",
+    "forwarded_env_names",
+    "needs_oversubscribe",
+    "local_core_count",
+]
+
+# Variables a rank on another node needs from the launching shell.
+FORWARDED_PREFIXES = ("HVDPLUS_", "HOROVOD_", "PYTHON", "NCCL_", "KERAS_", "TF_", "OMP_")
+FORWARDED_NAMES = ("CUDA_VISIBLE_DEVICES", "PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What to launch, with every decision already made; dialects only spell it.
+
+    Args:
+        num_proc: number of ranks.
+        program: the command every rank runs.
+        hosts: where ranks go (from -H, or parsed from the hostfile); empty for this machine.
+        hostfile: a hostfile the launcher can read, in its own format; overrides `hosts`.
+        oversubscribe: allow more ranks than slots.
+        as_root: the launcher runs as root.
+        output_dir: directory for one output file per rank, or None for the console only.
+        env_names: variables to forward to every rank.
+        mpi_args: extra launcher arguments, placed after ours so they win.
+    """
+
+    num_proc: int
+    program: Sequence[str]
+    hosts: Sequence[Host] = ()
+    hostfile: Optional[str] = None
+    oversubscribe: bool = False
+    as_root: bool = False
+    output_dir: Optional[str] = None
+    env_names: Sequence[str] = ()
+    mpi_args: Sequence[str] = ()
+
+
+class Dialect(abc.ABC):
+    """How one MPI's launcher spells each part of a job."""
+
+    def __init__(self, version: Tuple[int, ...] = ()):
+        self.version = tuple(version)
+
+    def command(self, mpirun: str, job: Job) -> List[str]:
+        """The full argv: launcher options in a fixed order, then `job.program`."""
+        argv = [mpirun, *self.process_count(job.num_proc)]
+        if job.as_root:
+            argv += self.run_as_root()
+        if job.oversubscribe:
+            argv += self.oversubscribe()
+        argv += self.no_binding() + self.abort_on_failure() + self.output(job.output_dir)
+        if job.hostfile:
+            argv += self.hostfile(job.hostfile)
+        elif job.hosts:
+            argv += self.host_list(job.hosts)
+        if job.env_names:
+            argv += self.forward_env(job.env_names)
+        return argv + list(job.mpi_args) + list(job.program)
+
+    def prepare_hostfile(self, path: str, hosts: Sequence[Host], workdir: str) -> str:
+        """A hostfile this launcher reads, equivalent to the user's `path`."""
+        return path
+
+    @abc.abstractmethod
+    def process_count(self, num_proc: int) -> List[str]:
+        """Start `num_proc` ranks."""
+
+    def run_as_root(self) -> List[str]:
+        """Allow running as root, where the launcher refuses to by default."""
+        return []
+
+    def oversubscribe(self) -> List[str]:
+        """Allow more ranks than slots, where the launcher refuses to by default."""
+        return []
+
+    @abc.abstractmethod
+    def no_binding(self) -> List[str]:
+        """Leave ranks unpinned: frameworks start their own thread pools."""
+
+    def abort_on_failure(self) -> List[str]:
+        """End the whole job when one rank exits with an error."""
+        return []
+
+    @abc.abstractmethod
+    def output(self, output_dir: Optional[str]) -> List[str]:
+        """Tag each line with its rank; with `output_dir`, write one file per rank there."""
+
+    @abc.abstractmethod
+    def host_list(self, hosts: Sequence[Host]) -> List[str]:
+        """Place ranks on `hosts`."""
+
+    @abc.abstractmethod
+    def hostfile(self, path: str) -> List[str]:
+        """Place ranks as the hostfile at `path` says."""
+
+    @abc.abstractmethod
+    def forward_env(self, names: Sequence[str]) -> List[str]:
+        """Give every rank the launcher's values of `names`."""
+
+
+class OpenMpi(Dialect):
+    """Open MPI's mpirun, 4.x and 5.x (PRRTE)."""
+
+    def process_count(self, num_proc):
+        return ["-np", str(num_proc)]
+
+    def run_as_root(self):
+        return ["--allow-run-as-root"]
+
+    def oversubscribe(self):
+        return ["--oversubscribe"]
+
+    def no_binding(self):
+        return ["--bind-to", "none"]
+
+    def abort_on_failure(self):
+        # MPI_Finalize starts with a job-wide barrier, so a rank that exits early (sys.exit,
+        # an uncaught exception) blocks in it forever while its peers wait in a collective,
+        # and mpirun never sees it exit. Without the barrier it exits, and mpirun ends the
+        # job. `--mpi-args "--mca async_mpi_finalize 0"` restores the barrier.
+        return ["--mca", "async_mpi_finalize", "1"]
+
+    def output(self, output_dir):
+        if self.version < (5,):
+            return ["--tag-output"] + (["--output-filename", output_dir] if output_dir else [])
+        if output_dir is None:
+            return ["--output", "tag"]
+        # Open MPI 5 writes DIR/<job>/rank.N/{stdout,stderr}, but loses one of the two
+        # files per rank when it creates them (openpmix PR #3651), so both go to stdout.
+        return ["--output", f"tag,dir={output_dir},merge-stderr-to-stdout"]
+
+    def host_list(self, hosts):
+        return ["-H", format_host_list(hosts)]
+
+    def hostfile(self, path):
+        return ["--hostfile", path]
+
+    def forward_env(self, names):
+        return [part for name in names for part in ("-x", name)]
+
+
+class Mpich(Dialect):
+    """MPICH's hydra `mpiexec` (also MVAPICH's)."""
+
+    def prepare_hostfile(self, path, hosts, workdir):
+        converted = os.path.join(workdir, "hostfile")
+        with open(converted, "w") as handle:
+            handle.write(hydra_hostfile_text(hosts))
+        return converted
+
+    def process_count(self, num_proc):
+        return ["-n", str(num_proc)]
+
+    def no_binding(self):
+        return ["-bind-to", "none"]
+
+    def output(self, output_dir):
+        if output_dir is None:
+            return ["-prepend-rank"]
+        return [
+            "-prepend-rank",
+            "-outfile-pattern", os.path.join(output_dir, "rank.%r.stdout"),
+            "-errfile-pattern", os.path.join(output_dir, "rank.%r.stderr"),
+        ]
+
+    def host_list(self, hosts):
+        return ["-hosts", format_host_list(hosts)]
+
+    def hostfile(self, path):
+        return ["-f", path]
+
+    def forward_env(self, names):
+        return ["-genvlist", ",".join(names)]
+
+
+class IntelMpi(Mpich):
+    """Intel MPI's hydra, which pins through I_MPI_PIN rather than `-bind-to`."""
+
+    def no_binding(self):
+        return ["-genv", "I_MPI_PIN", "0"]
+
+
+DIALECTS: Dict[str, Type[Dialect]] = {"openmpi": OpenMpi, "mpich": Mpich, "intelmpi": IntelMpi}
+
+
+def dialect_for(implementation: MpiImplementation) -> Dialect:
+    return DIALECTS[implementation.flavour](implementation.version)
+
+
+def forwarded_env_names(environ: Mapping[str, str]) -> List[str]:
+    """The set variables that ranks on other nodes need, sorted."""
+    return sorted(
+        name for name in environ
+        if name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES)
+    )
+
+
+def needs_oversubscribe(num_proc: int, hosts: Sequence[Host], core_count: int) -> bool:
+    """Whether `num_proc` ranks exceed the slots: the hosts' slots, or this machine's cores."""
+    return num_proc > (total_slots(hosts) if hosts else core_count)
+
+
+def _core_of(cpu: int) -> Tuple[str, str]:
+    topology = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+    try:
+        with open(topology + "physical_package_id") as package, open(topology + "core_id") as core:
+            return package.read().strip(), core.read().strip()
+    except OSError:
+        # No topology to read (not Linux): each hardware thread counts as a core.
+        return "cpu", str(cpu)
+
+
+def local_core_count() -> int:
+    """Physical cores this process may use: what Open MPI counts as slots by default.
+
+    os.cpu_count() counts hardware threads, twice the cores on most x86 servers, and
+    would leave `-np` between the two counts refused for lack of slots.
+    """
+    if hasattr(os, "sched_getaffinity"):
+        cpus = os.sched_getaffinity(0)
+    else:
+        cpus = range(os.cpu_count() or 1)
+    return max(len({_core_of(cpu) for cpu in cpus}), 1)

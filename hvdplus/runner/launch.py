@@ -1,0 +1,124 @@
+"""`hvdplusrun`: start a command on N ranks through the MPI installed with this Python.
+
+    hvdplusrun -np 4 python train.py --lr 0.1
+    hvdplusrun -np 8 -H node1:4,node2:4 --fusion-threshold-mb 32 python train.py
+    hvdplusrun --check-build
+
+Everything after the launcher's own flags (or after `--`) is the command each rank runs.
+The exit status is mpirun's: non-zero when any rank failed, 128+N when the launcher was
+stopped by signal N, 2 when no job could be started.
+"""
+
+import argparse
+import os
+import shlex
+import sys
+import tempfile
+from typing import List, Optional, Sequence
+
+from ..version import __version__
+from . import check_build
+from .command import Job, dialect_for, forwarded_env_names, local_core_count, needs_oversubscribe
+from .errors import LaunchError
+from .hosts import Host, parse_host_list, read_hostfile, total_slots
+from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
+from .supervise import run_supervised
+from .tuning import add_tuning_arguments, tuning_environment
+
+__all__ = ["build_parser", "parse_args", "main"]
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hvdplusrun",
+        description="Run a command on several ranks with mpirun, hvdplus-style.",
+        epilog="example: hvdplusrun -np 4 python train.py --lr 0.1",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"hvdplus {__version__}")
+    parser.add_argument("-np", "--num-proc", dest="num_proc", type=_positive_int, metavar="N",
+                        help="number of ranks (default: the hosts' total slots)")
+    placement = parser.add_mutually_exclusive_group()
+    placement.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
+                           help="hosts and their slots, e.g. node1:4,node2:4")
+    placement.add_argument("--hostfile", metavar="FILE",
+                           help="file of 'host slots=N' lines")
+    parser.add_argument("--mpi-args", default="", metavar="ARGS",
+                        help="extra mpirun arguments, one shell-quoted string")
+    parser.add_argument("--output-filename", metavar="DIR",
+                        help="write each rank's output to its own file under DIR")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print the mpirun command line before running it")
+    parser.add_argument("--check-build", action="store_true",
+                        help="show the MPI and frameworks this installation can use, and exit")
+    add_tuning_arguments(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
+    return parser
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command and not args.check_build:
+        parser.error("no command given; e.g. hvdplusrun -np 2 python train.py")
+    return args
+
+
+def _hosts(args: argparse.Namespace) -> List[Host]:
+    if args.hosts:
+        return parse_host_list(args.hosts)
+    if args.hostfile:
+        return read_hostfile(args.hostfile)
+    return []
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Start the job `args` describes and wait for it; return the exit status."""
+    hosts = _hosts(args)
+    num_proc = args.num_proc or total_slots(hosts)
+    if not num_proc:
+        raise LaunchError("-np is required unless -H or --hostfile give the slots")
+    mpirun = find_mpirun(default_search_dirs(), os.environ.get(MPIRUN_ENV))
+    dialect = dialect_for(identify_mpi(mpirun))
+    env = dict(os.environ, **tuning_environment(args))
+    output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
+    if output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="hvdplusrun-") as workdir:
+        hostfile = args.hostfile and dialect.prepare_hostfile(args.hostfile, hosts, workdir)
+        job = Job(
+            num_proc=num_proc,
+            program=args.command,
+            hosts=hosts,
+            hostfile=hostfile,
+            oversubscribe=needs_oversubscribe(num_proc, hosts, local_core_count()),
+            as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+            output_dir=output_dir,
+            env_names=forwarded_env_names(env),
+            mpi_args=shlex.split(args.mpi_args),
+        )
+        argv = dialect.command(mpirun, job)
+        if args.verbose:
+            print(shlex.join(argv), flush=True)
+        return run_supervised(argv, env)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of `hvdplusrun` and `python -m hvdplus.runner`."""
+    args = parse_args(argv)
+    try:
+        if args.check_build:
+            print(check_build.build_report())
+            return 0
+        return launch(args)
+    except LaunchError as error:
+        print(f"hvdplusrun: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,86 @@
+"""Run mpirun as a child that the launcher answers for.
+
+mpirun starts in a session of its own, so a Ctrl-C in the terminal reaches only the
+launcher, which passes SIGINT and SIGTERM on to mpirun for an orderly teardown. If mpirun
+has not ended `kill_after` seconds later, every process of its session (mpirun and the
+ranks, each in a process group of its own) is killed; the session is swept again once
+mpirun has ended, so no rank outlives a job it was asked to end.
+"""
+
+import os
+import signal
+import subprocess
+import time
+from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
+
+__all__ = ["FORWARDED_SIGNALS", "run_supervised", "exit_status", "kill_session"]
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+POLL_SECONDS = 0.2
+
+
+def exit_status(returncode: int, signum: Optional[int] = None) -> int:
+    """The launcher's exit status: 128+signum when it was interrupted or mpirun died of a
+    signal, as shells report it, else mpirun's own status."""
+    if signum is not None:
+        return 128 + signum
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _session_members(session_id: int) -> Iterator[int]:
+    try:
+        entries = os.listdir("/proc")
+    except FileNotFoundError:
+        # Without /proc the session's leader (mpirun) is the one process we can name.
+        yield session_id
+        return
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == session_id:
+                    yield int(entry)
+            except (ProcessLookupError, PermissionError):
+                continue
+
+
+def kill_session(session_id: int) -> None:
+    """SIGKILL every process of the session `session_id`."""
+    for pid in _session_members(session_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
+def run_supervised(
+    argv: Sequence[str], env: Optional[Mapping[str, str]] = None, kill_after: float = 10.0
+) -> int:
+    """Run `argv` to completion, forwarding SIGINT/SIGTERM; return the launcher's exit status.
+
+    Args:
+        argv: the mpirun command line.
+        env: its environment (None: the launcher's).
+        kill_after: seconds between the first forwarded signal and killing the session.
+    """
+    child = subprocess.Popen(argv, env=env, start_new_session=True)
+    received: List[Tuple[int, float]] = []  # (signal, when), first one first
+
+    def forward(signum, _frame):
+        received.append((signum, time.monotonic()))
+        child.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    try:
+        while True:
+            try:
+                returncode = child.wait(timeout=POLL_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                if received and time.monotonic() - received[0][1] >= kill_after:
+                    kill_session(child.pid)
+        if received:
+            kill_session(child.pid)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return exit_status(returncode, received[0][0] if received else None)

