@@ -10,7 +10,9 @@ numpy arrays; `hvdplus.torch`, `hvdplus.tensorflow` and `hvdplus.keras` wrap the
 
 import importlib
 
-from .common.errors import HvdplusError, NotInitializedError, TensorMismatchError
+from .common.errors import (
+    HvdplusError, NotInitializedError, ShutdownError, StalledError, TensorMismatchError,
+)
 from .common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
 from .common.runtime import (
     cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
@@ -24,12 +26,15 @@ _LAZY = {
     name: "hvdplus.comm.collectives"
     for name in (
         "allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
-        "barrier", "broadcast_object", "allgather_object",
+        "barrier", "broadcast_object", "allgather_object", "grouped_allreduce", "join",
+        "allreduce_async", "grouped_allreduce_async", "allgather_async", "broadcast_async",
+        "alltoall_async", "reducescatter_async", "poll", "synchronize",
     )
 }
 
 __all__ = [
     "__version__", "HvdplusError", "NotInitializedError", "TensorMismatchError",
+    "ShutdownError", "StalledError",
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",

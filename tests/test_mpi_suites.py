@@ -20,3 +20,11 @@ def test_topology_with_simulated_nodes(nranks, ranks_per_node):
     run_pytest_on_ranks(
         nranks, ["tests/mpi/test_topology.py"], env={"HVDPLUS_RANKS_PER_NODE": str(ranks_per_node)}
     )
+
+
+@pytest.mark.timeout(300)
+def test_collectives_with_tiny_fusion_buffer_and_no_response_cache():
+    # Every fused batch splits and every name negotiates in full: the paths steady state skips.
+    run_pytest_on_ranks(
+        3, ["tests/mpi"], env={"HVDPLUS_FUSION_THRESHOLD": "1000", "HVDPLUS_CACHE_CAPACITY": "0"}
+    )

@@ -18,6 +18,8 @@ def as_array(value, what: str) -> np.ndarray:
 
 
 def _scale(factor, label: str, what: str) -> float:
+    if type(factor) is float:  # the common case, without the slow abstract-class check
+        return factor
     if not isinstance(factor, numbers.Real):
         raise TypeError(f"{what}: {label} must be a real number, got {type(factor).__name__}")
     return float(factor)

@@ -1,154 +1,208 @@
-"""Synchronous collectives on numpy arrays, checked across ranks before any data moves.
+"""Collectives on numpy arrays: async calls that return handles, and synchronous ones.
 
-Each call first exchanges a small `Request` with every rank (dtype, shape, op, root...,
-or the rank's own argument error). When anything differs, every rank raises the same
-exception naming the tensor and what each rank had, and the job can go on.
+Each call describes itself as a `Request` (dtype, shape, op, root...) and hands it to the
+engine, which runs it once every rank has submitted the same name and checked that all
+requests agree. A difference raises the same exception on every rank, naming the tensor
+and what each rank had; a bad argument on one rank (root out of range, wrong splits)
+becomes that rank's error on every rank. The job goes on with later operations.
 """
 
 from typing import Callable, Optional, Tuple
 
-import numpy as np
-
 from ..common import runtime
+from ..common.dtypes import dtype_name
+from ..common.handles import HandleGroup
+from ..common.negotiation import JOIN
 from ..common.reduce_ops import ReduceOp
-from ..common.requests import Request, check_agreement, input_error
-from . import arguments, mpi_collectives
+from ..common.requests import Request, input_error
+from . import arguments
 
 __all__ = [
-    "allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
-    "barrier", "broadcast_object", "allgather_object",
+    "allreduce_async", "grouped_allreduce_async", "allgather_async", "broadcast_async",
+    "alltoall_async", "reducescatter_async", "poll", "synchronize",
+    "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+    "barrier", "broadcast_object", "allgather_object", "join",
 ]
 
 
-def _agree(kind: str, name: Optional[str], plan: Callable[[str], Tuple[Request, object]]):
-    """Run `plan(name)` locally, then make sure every rank planned the same call.
+def _submit(kind: str, name: Optional[str], plan: Callable[[str], Tuple[Request, object]]):
+    """Describe the call with `plan(name)` and hand it to the engine.
 
-    Returns (live runtime, this rank's payload from `plan`, every rank's Request).
-    """
+    An argument error is not raised here: it is submitted, so that every rank raises it."""
     live = runtime.current(f"{kind}()")
     name = live.name_for(kind, name)
     try:
         request, payload = plan(name)
     except (TypeError, ValueError) as exc:
-        if live.topology.size == 1:
-            raise
         request, payload = input_error(kind, name, exc), None
-    if live.topology.size == 1:
-        return live, payload, [request]
-    requests = live.comm.allgather(request)
-    check_agreement(requests)
-    return live, payload, requests
+    return live.engine.submit(request, payload)
 
 
-def _reduction_plan(kind, array, op, prescale_factor, postscale_factor):
+def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, group=None):
     def plan(name):
         what = f"{kind} '{name}'"
         data = arguments.as_array(array, what)
         if kind == "reducescatter":
             arguments.check_has_rows(data, what)
-        scales = arguments.reduction_arguments(data, op, prescale_factor, postscale_factor, what)
-        agree = {
-            "dtypes": data.dtype.name,
-            "shapes": data.shape,
-            "reduce ops": scales[0],
-            "prescale factors": scales[1],
-            "postscale factors": scales[2],
-        }
-        return Request(kind, name, agree), (data,) + scales
+        op_, pre, post = arguments.reduction_arguments(data, op, prescale_factor, postscale_factor, what)
+        agree = {"dtypes": dtype_name(data.dtype), "shapes": data.shape, "reduce ops": op_,
+                 "prescale factors": pre, "postscale factors": post}
+        if group is not None:
+            agree["groups"] = group
+        return Request(kind, name, agree), data
 
     return plan
 
 
-def allreduce(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
-    """Elementwise reduction of `array` over all ranks; every rank gets the result.
-
-    Average divides the sum by size(); half types are reduced in float32.
-    """
-    live, (data, op, pre, post), _ = _agree(
-        "allreduce", name, _reduction_plan("allreduce", array, op, prescale_factor, postscale_factor)
-    )
-    return mpi_collectives.allreduce(live.comm, data, op, pre, post)
-
-
-def reducescatter(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
-    """Reduce `array` over all ranks; rank r keeps block r of the rows (the first
-    `dim0 % size` ranks get one row more)."""
-    live, (data, op, pre, post), _ = _agree(
-        "reducescatter", name,
-        _reduction_plan("reducescatter", array, op, prescale_factor, postscale_factor),
-    )
-    return mpi_collectives.reducescatter(live.comm, data, op, pre, post)
-
-
-def allgather(array, name=None):
-    """Concatenate every rank's `array` along the first dimension, which may differ per rank."""
-
+def _allgather_plan(array):
     def plan(name):
         data = arguments.as_array(array, f"allgather '{name}'")
         arguments.check_has_rows(data, f"allgather '{name}'")
-        agree = {"dtypes": data.dtype.name, "trailing dimensions": data.shape[1:]}
+        agree = {"dtypes": dtype_name(data.dtype), "trailing dimensions": data.shape[1:]}
         return Request("allgather", name, agree, local={"rows": data.shape[0]}), data
 
-    live, data, requests = _agree("allgather", name, plan)
-    return mpi_collectives.allgather(live.comm, data, [r.local["rows"] for r in requests])
+    return plan
 
 
-def broadcast(array, root_rank=0, name=None):
-    """Every rank gets `root_rank`'s `array`; the others' arrays give only shape and dtype."""
-
+def _broadcast_plan(array, root_rank):
     def plan(name):
         what = f"broadcast '{name}'"
         data = arguments.as_array(array, what)
         root = arguments.check_root_rank(root_rank, runtime.size(), what)
-        agree = {"root ranks": root, "dtypes": data.dtype.name, "shapes": data.shape}
-        return Request("broadcast", name, agree), (data, root)
+        return Request("broadcast", name, {"root ranks": root, "dtypes": dtype_name(data.dtype), "shapes": data.shape}), data
 
-    live, (data, root), _ = _agree("broadcast", name, plan)
-    return mpi_collectives.broadcast(live.comm, data, root)
+    return plan
 
 
-def alltoall(array, splits=None, name=None):
-    """Send rows `splits[r]` of `array` to rank r (even split when None).
-
-    Returns (received rows concatenated in rank order, rows received from each rank).
-    """
-
+def _alltoall_plan(array, splits):
     def plan(name):
         what = f"alltoall '{name}'"
         data = arguments.as_array(array, what)
         arguments.check_has_rows(data, what)
         send = arguments.alltoall_splits(data, splits, runtime.size(), what)
-        agree = {"dtypes": data.dtype.name, "trailing dimensions": data.shape[1:]}
-        return Request("alltoall", name, agree, local={"splits": send}), (data, send)
+        agree = {"dtypes": dtype_name(data.dtype), "trailing dimensions": data.shape[1:]}
+        return Request("alltoall", name, agree, local={"splits": send}), data
 
-    live, (data, send), requests = _agree("alltoall", name, plan)
-    me = live.topology.rank
-    received = [request.local["splits"][me] for request in requests]
-    output = mpi_collectives.alltoall(live.comm, data, send, received)
-    return output, np.asarray(received, dtype=np.int64)
+    return plan
+
+
+def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor):
+    live = runtime.current("grouped_allreduce()")
+    arrays = list(arrays)
+    group = live.name_for("grouped_allreduce", name)
+    handles = [
+        _submit("allreduce", f"{group}.{index}",
+                _reduction_plan("allreduce", array, op, prescale_factor, postscale_factor, (group, len(arrays))))
+        for index, array in enumerate(arrays)
+    ]
+    return HandleGroup(group, handles)
+
+
+def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
+    """Start an elementwise reduction of `array` over all ranks; returns a handle.
+
+    Average divides the sum by size(); half types are reduced in float32.
+    """
+    return _submit("allreduce", name, _reduction_plan("allreduce", array, op, prescale_factor, postscale_factor))
+
+
+def grouped_allreduce_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
+    """Start all-reduces of `arrays` that run together, fused; the handle's result is a list."""
+    return _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor)
+
+
+def reducescatter_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
+    """Start a reduction of `array` of which rank r keeps block r of the rows (the first
+    `dim0 % size` ranks get one row more)."""
+    return _submit("reducescatter", name,
+                   _reduction_plan("reducescatter", array, op, prescale_factor, postscale_factor))
+
+
+def allgather_async(array, name=None):
+    """Start concatenating every rank's `array` along the first dimension (which may differ)."""
+    return _submit("allgather", name, _allgather_plan(array))
+
+
+def broadcast_async(array, root_rank=0, name=None):
+    """Start giving every rank `root_rank`'s `array` (the others' give shape and dtype)."""
+    return _submit("broadcast", name, _broadcast_plan(array, root_rank))
+
+
+def alltoall_async(array, splits=None, name=None):
+    """Start sending rows `splits[r]` of `array` to rank r (even split when None).
+
+    The result is (received rows in rank order, rows received from each rank)."""
+    return _submit("alltoall", name, _alltoall_plan(array, splits))
+
+
+def poll(handle) -> bool:
+    """True when the operation behind `handle` has finished (successfully or not)."""
+    return handle.done()
+
+
+def synchronize(handle):
+    """Wait for `handle`'s operation and return its result, or raise its error."""
+    return handle.wait()
+
+
+def allreduce(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
+    """Elementwise reduction of `array` over all ranks; every rank gets the result."""
+    plan = _reduction_plan("allreduce", array, op, prescale_factor, postscale_factor)
+    return _submit("allreduce", name, plan).wait()
+
+
+def grouped_allreduce(arrays, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
+    """All-reduce every array of `arrays` in one fused, atomic group; returns a list."""
+    return _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor).wait()
+
+
+def reducescatter(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
+    """Reduce `array` over all ranks; rank r keeps block r of the rows."""
+    plan = _reduction_plan("reducescatter", array, op, prescale_factor, postscale_factor)
+    return _submit("reducescatter", name, plan).wait()
+
+
+def allgather(array, name=None):
+    """Concatenate every rank's `array` along the first dimension, which may differ per rank."""
+    return _submit("allgather", name, _allgather_plan(array)).wait()
+
+
+def broadcast(array, root_rank=0, name=None):
+    """Every rank gets `root_rank`'s `array`."""
+    return _submit("broadcast", name, _broadcast_plan(array, root_rank)).wait()
+
+
+def alltoall(array, splits=None, name=None):
+    """Rows `splits[r]` of `array` go to rank r; returns (received rows, rows from each rank)."""
+    return _submit("alltoall", name, _alltoall_plan(array, splits)).wait()
 
 
 def barrier(name=None):
     """Return once every rank has called barrier()."""
-    _agree("barrier", name, lambda name: (Request("barrier", name), None))
+    _submit("barrier", name, lambda name: (Request("barrier", name), None)).wait()
 
 
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj=None, root_rank=0, name=None):
     """`root_rank`'s picklable `obj`, on every rank."""
 
     def plan(name):
         root = arguments.check_root_rank(root_rank, runtime.size(), f"broadcast_object '{name}'")
-        return Request("broadcast_object", name, {"root ranks": root}), root
+        return Request("broadcast_object", name, {"root ranks": root}), obj
 
-    live, root, _ = _agree("broadcast_object", name, plan)
-    if live.topology.size == 1:
-        return obj
-    return live.comm.bcast(obj, root=root)
+    return _submit("broadcast_object", name, plan).wait()
 
 
 def allgather_object(obj, name=None):
     """The list of every rank's picklable `obj`, in rank order."""
-    live, _, _ = _agree("allgather_object", name, lambda name: (Request("allgather_object", name), None))
-    if live.topology.size == 1:
-        return [obj]
-    return live.comm.allgather(obj)
+    return _submit("allgather_object", name, lambda name: (Request("allgather_object", name), obj)).wait()
+
+
+def join() -> int:
+    """Declare that this rank has no more data; returns once every rank has joined.
+
+    Until then this rank takes part in the other ranks' collectives with zeros (all-reduce,
+    reducescatter) or no rows (allgather), so they complete. Average still divides by
+    size(), joined ranks included. Returns the rank that joined last.
+    """
+    live = runtime.current("join()")
+    return live.engine.submit(Request(JOIN, "__join__"), None).wait()

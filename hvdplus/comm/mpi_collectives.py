@@ -5,6 +5,7 @@ moved travels as bytes, so any dtype (bfloat16 too) is carried unchanged; data t
 reduced travels in its accumulation dtype (see `hvdplus.common.dtypes`).
 """
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -13,9 +14,9 @@ from mpi4py import MPI
 from ..common.dtypes import accumulation_dtype
 from ..common.reduce_ops import ReduceOp
 
-__all__ = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "reducescatter_rows"]
+__all__ = ["MPI_OPS", "allreduce_in_place", "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "reducescatter_rows"]
 
-_MPI_OPS = {
+MPI_OPS = {
     ReduceOp.AVERAGE: MPI.SUM,
     ReduceOp.SUM: MPI.SUM,
     ReduceOp.MIN: MPI.MIN,
@@ -29,7 +30,7 @@ def _as_bytes(array: np.ndarray) -> np.ndarray:
 
 
 def _row_bytes(array: np.ndarray) -> int:
-    return int(np.prod(array.shape[1:], dtype=np.int64)) * array.dtype.itemsize
+    return math.prod(array.shape[1:]) * array.dtype.itemsize
 
 
 def _displacements(counts: Sequence[int]) -> np.ndarray:
@@ -44,19 +45,27 @@ def _prepare_reduction(array, prescale_factor):
     return work
 
 
-def _finish_reduction(work, dtype, op, postscale_factor, size):
+def _finish_reduction(work, op, postscale_factor, size):
+    """Apply Average's division and the postscale factor, in place."""
     scale = postscale_factor / size if op == ReduceOp.AVERAGE else postscale_factor
     if scale != 1.0:
         work *= scale
-    return work.astype(dtype, copy=False)
+
+
+def allreduce_in_place(comm, flat, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce the contiguous 1-d `flat` (already in its accumulation dtype) in place."""
+    if prescale_factor != 1.0:
+        flat *= prescale_factor
+    if comm.Get_size() > 1 and flat.size:
+        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI_OPS[op])
+    _finish_reduction(flat, op, postscale_factor, comm.Get_size())
 
 
 def allreduce(comm, array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce `array` elementwise over all ranks of `comm`."""
-    work = _prepare_reduction(array, prescale_factor)
-    if comm.Get_size() > 1 and work.size:
-        comm.Allreduce(MPI.IN_PLACE, work.reshape(-1), op=_MPI_OPS[op])
-    return _finish_reduction(work, array.dtype, op, postscale_factor, comm.Get_size())
+    work = np.array(array, dtype=accumulation_dtype(array.dtype), order="C", copy=True)
+    allreduce_in_place(comm, work.reshape(-1), op, prescale_factor, postscale_factor)
+    return work.astype(array.dtype, copy=False)
 
 
 def allgather(comm, array, first_dims: Sequence[int]):
@@ -99,12 +108,13 @@ def reducescatter(comm, array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postsca
     """Reduce `array` over all ranks and keep this rank's block of rows."""
     size = comm.Get_size()
     rows = reducescatter_rows(array.shape[0], size)
-    row_elems = int(np.prod(array.shape[1:], dtype=np.int64))
+    row_elems = math.prod(array.shape[1:])
     work = _prepare_reduction(array, prescale_factor)
     output = np.empty((rows[comm.Get_rank()],) + array.shape[1:], dtype=work.dtype)
     if size == 1:
         output[...] = work
     else:
         counts = [r * row_elems for r in rows]
-        comm.Reduce_scatter(work.reshape(-1), output.reshape(-1), recvcounts=counts, op=_MPI_OPS[op])
-    return _finish_reduction(output, array.dtype, op, postscale_factor, size)
+        comm.Reduce_scatter(work.reshape(-1), output.reshape(-1), recvcounts=counts, op=MPI_OPS[op])
+    _finish_reduction(output, op, postscale_factor, size)
+    return output.astype(array.dtype, copy=False)

@@ -10,10 +10,12 @@ import numpy as np
 
 __all__ = [
     "SUPPORTED_DTYPE_NAMES",
+    "dtype_name",
     "check_supported",
     "is_integer",
     "is_half",
     "accumulation_dtype",
+    "itemsize_of",
 ]
 
 SUPPORTED_DTYPE_NAMES = (
@@ -23,9 +25,21 @@ SUPPORTED_DTYPE_NAMES = (
 _HALF_NAMES = ("float16", "bfloat16")
 
 
+_NAMES = {}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """`dtype.name`, memoized: numpy computes that property anew on every access, and the
+    engine asks for it on every operation."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = dtype.name
+    return name
+
+
 def check_supported(dtype: np.dtype, what: str) -> None:
     """Raise TypeError naming `what` (the tensor) when hvdplus cannot carry `dtype`."""
-    if dtype.name not in SUPPORTED_DTYPE_NAMES:
+    if dtype_name(dtype) not in SUPPORTED_DTYPE_NAMES:
         raise TypeError(
             f"{what} has unsupported dtype {dtype.name}; supported dtypes are "
             f"{', '.join(SUPPORTED_DTYPE_NAMES)}"
@@ -40,10 +54,19 @@ def is_half(dtype: np.dtype) -> bool:
     return dtype.name in _HALF_NAMES
 
 
-def accumulation_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype in which values of `dtype` are reduced."""
-    if is_half(dtype):
+def accumulation_dtype(dtype) -> np.dtype:
+    """The dtype in which values of `dtype` (a dtype or its name) are reduced.
+
+    Takes names so that a rank holding no such array (one that has joined) needs no
+    bfloat16 import to reduce zeros in its place."""
+    name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    if name in _HALF_NAMES:
         return np.dtype(np.float32)
-    if dtype == np.bool_:
+    if name == "bool":
         return np.dtype(np.uint8)
-    return dtype
+    return np.dtype(name)
+
+
+def itemsize_of(dtype_name: str) -> int:
+    """Bytes per element of a supported dtype, from its name alone."""
+    return 2 if dtype_name in _HALF_NAMES else np.dtype(dtype_name).itemsize

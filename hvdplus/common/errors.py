@@ -8,7 +8,11 @@ __all__ = [
     "HvdplusError",
     "NotInitializedError",
     "TensorMismatchError",
+    "ShutdownError",
+    "StalledError",
     "input_error_class",
+    "error_to_wire",
+    "error_from_wire",
 ]
 
 
@@ -26,6 +30,29 @@ class NotInitializedError(HvdplusError, ValueError):
 
 class TensorMismatchError(HvdplusError, ValueError):
     """Ranks submitted the same named collective with different arguments."""
+
+
+class ShutdownError(HvdplusError):
+    """An operation could not complete because hvdplus was shut down on some rank."""
+
+
+class StalledError(HvdplusError):
+    """Ranks waited on a tensor longer than HVDPLUS_STALL_SHUTDOWN_TIME_SECONDS."""
+
+
+_WIRE_CLASSES = {cls.__name__: cls for cls in (
+    TypeError, ValueError, HvdplusError, TensorMismatchError, ShutdownError, StalledError,
+)}
+
+
+def error_to_wire(exc: BaseException):
+    """A picklable (class name, message) pair that `error_from_wire` turns back into `exc`."""
+    return (type(exc).__name__, str(exc))
+
+
+def error_from_wire(wire) -> BaseException:
+    type_name, message = wire
+    return _WIRE_CLASSES.get(type_name, HvdplusError)(message)
 
 
 def input_error_class(type_name: str):

@@ -37,10 +37,12 @@ def input_error(kind: str, name: str, exc: Exception) -> Request:
     return Request(kind, name, error=(type(exc).__name__, str(exc)))
 
 
-def describe_by_rank(values: Sequence[Any]) -> str:
-    """'rank 0 had (2, 3), ranks 1, 2 had (4,)': ranks grouped by the value they had."""
+def describe_by_rank(values: Sequence[Any], ranks: Optional[Sequence[int]] = None) -> str:
+    """'rank 0 had (2, 3), ranks 1, 2 had (4,)': ranks grouped by the value they had.
+
+    `ranks[i]` is the rank that had `values[i]` (default: i)."""
     groups: Dict[str, list] = {}
-    for rank, value in enumerate(values):
+    for rank, value in zip(ranks if ranks is not None else range(len(values)), values):
         groups.setdefault(_show(value), []).append(rank)
     parts = []
     for shown, ranks in groups.items():
@@ -55,9 +57,12 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def check_agreement(requests: Sequence[Request]) -> None:
-    """Raise the same exception on every rank unless all `requests` (index = rank) agree."""
-    failed = [(rank, request.error) for rank, request in enumerate(requests) if request.error]
+def check_agreement(requests: Sequence[Request], ranks: Optional[Sequence[int]] = None) -> None:
+    """Raise the same exception on every rank unless all `requests` agree.
+
+    `ranks[i]` is the rank that sent `requests[i]` (default: i)."""
+    ranks = list(ranks) if ranks is not None else list(range(len(requests)))
+    failed = [(rank, request.error) for rank, request in zip(ranks, requests) if request.error]
     if failed:
         first_type = failed[0][1][0]
         detail = "; ".join(f"rank {rank}: {message}" for rank, (_, message) in failed)
@@ -66,7 +71,7 @@ def check_agreement(requests: Sequence[Request]) -> None:
     calls = [f"{request.kind} '{request.name}'" for request in requests]
     if len(set(calls)) > 1:
         raise TensorMismatchError(
-            f"Mismatched collectives: {describe_by_rank(calls)}; every rank must call the "
+            f"Mismatched collectives: {describe_by_rank(calls, ranks)}; every rank must call the "
             "same collectives in the same order (or give them the same names)"
         )
 
@@ -76,5 +81,5 @@ def check_agreement(requests: Sequence[Request]) -> None:
         if any(value != values[0] for value in values[1:]):
             raise TensorMismatchError(
                 f"Mismatched {label} for '{reference.name}' ({reference.kind}): "
-                f"{describe_by_rank(values)}"
+                f"{describe_by_rank(values, ranks)}"
             )

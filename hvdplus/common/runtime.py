@@ -5,6 +5,7 @@ mpi4py asks for, MPI_THREAD_MULTIPLE by default). Under `hvdplusrun`, `mpirun`, 
 or Slurm's `srun` the ranks come from MPI; with no launcher the process is a job of one.
 """
 
+import atexit
 import itertools
 import sys
 from typing import Optional, Sequence, Union
@@ -23,9 +24,11 @@ class Runtime:
     """Everything `init()` sets up; lives until `shutdown()`."""
 
     def __init__(self, topology, settings: Settings):
+        from .engine import Engine
+
         self.topology = topology
         self.settings = settings
-        self.comm = topology.comm
+        self.engine = Engine(topology.comm, settings)
         self._name_counters = {}
 
     def name_for(self, kind: str, name: Optional[str]) -> str:
@@ -39,6 +42,7 @@ class Runtime:
 
 _runtime: Optional[Runtime] = None
 _previous_excepthook = None
+_exit_hook_registered = False
 
 
 def init(comm: Union[None, "object", Sequence[int]] = None) -> None:
@@ -64,6 +68,7 @@ def init(comm: Union[None, "object", Sequence[int]] = None) -> None:
     _runtime = Runtime(build_topology(base, settings), settings)
     if _runtime.topology.size > 1:
         _install_abort_on_uncaught_exception(MPI)
+    _register_shutdown_at_exit()
 
 
 def _communicator(MPI, comm):
@@ -102,14 +107,25 @@ def _install_abort_on_uncaught_exception(MPI) -> None:
     sys.excepthook = abort_job
 
 
+def _register_shutdown_at_exit() -> None:
+    """Stop the engine before mpi4py finalizes MPI (atexit runs the later registration first)."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(shutdown)
+        _exit_hook_registered = True
+
+
 def shutdown() -> None:
-    """Release hvdplus' communicators; `init()` may be called again afterwards."""
+    """Stop the engine and release hvdplus' communicators; `init()` may be called again.
+
+    Operations still pending on any rank fail with ShutdownError on every rank."""
     global _runtime, _previous_excepthook
     if _runtime is None:
         return
     runtime, _runtime = _runtime, None
     if _previous_excepthook is not None:
         sys.excepthook, _previous_excepthook = _previous_excepthook, None
+    runtime.engine.stop()
     runtime.topology.free()
 
 

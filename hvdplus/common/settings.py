@@ -52,6 +52,7 @@ class Settings:
 
     fusion_threshold_bytes: int = 64 * MIB
     cycle_time_ms: float = 1.0
+    cache_capacity: int = 1024
     timeline_path: Optional[str] = None
     allreduce_algorithm: str = "auto"
     stall_check_seconds: float = 60.0
@@ -74,6 +75,7 @@ class Settings:
         return cls(
             fusion_threshold_bytes=_number(environ, "FUSION_THRESHOLD", cls.fusion_threshold_bytes, int),
             cycle_time_ms=_number(environ, "CYCLE_TIME", cls.cycle_time_ms),
+            cache_capacity=_number(environ, "CACHE_CAPACITY", cls.cache_capacity, int),
             timeline_path=_lookup(environ, "TIMELINE"),
             allreduce_algorithm=algorithm,
             stall_check_seconds=_number(environ, "STALL_CHECK_TIME_SECONDS", cls.stall_check_seconds),

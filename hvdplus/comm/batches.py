@@ -1,0 +1,94 @@
+"""Executing the batches the engine agreed on: the data plane of the engine.
+
+Every rank runs the same batches in the same order. A rank that has joined has no entry
+for a name and takes part with zeros (reductions) or no rows (allgather), so the other
+ranks' collectives still complete.
+"""
+
+import math
+
+import numpy as np
+
+from ..common.dtypes import accumulation_dtype, itemsize_of
+from ..common.timeline import now_us
+from . import mpi_collectives
+
+__all__ = ["execute_batch"]
+
+
+def _placeholder_bytes(dtype_name: str, shape) -> np.ndarray:
+    """Zero bytes standing in for a joined rank's tensor: right byte size, no dtype import."""
+    return np.zeros(tuple(shape) + (itemsize_of(dtype_name),), dtype=np.uint8)
+
+
+def _zeros_to_reduce(request) -> np.ndarray:
+    return np.zeros(request.agree["shapes"], dtype=accumulation_dtype(request.agree["dtypes"]))
+
+
+def fused_allreduce(comm, batch, payloads, fusion_buffer, timeline=None):
+    """All-reduce every tensor of `batch` with one collective over a packed buffer."""
+    agree = batch.requests[0].agree
+    counts = [math.prod(r.agree["shapes"]) for r in batch.requests]
+    flat = fusion_buffer.view(accumulation_dtype(agree["dtypes"]), sum(counts))
+    start = now_us()
+    offset = 0
+    for payload, count in zip(payloads, counts):
+        flat[offset:offset + count] = 0 if payload is None else payload.reshape(-1)
+        offset += count
+    packed = now_us()
+    mpi_collectives.allreduce_in_place(
+        comm, flat, agree["reduce ops"], agree["prescale factors"], agree["postscale factors"]
+    )
+    reduced = now_us()
+    results, offset = [], 0
+    for payload, count, request in zip(payloads, counts, batch.requests):
+        piece = flat[offset:offset + count]
+        results.append(None if payload is None else piece.reshape(request.agree["shapes"]).astype(payload.dtype))
+        offset += count
+    if timeline is not None:
+        done = now_us()
+        for name in batch.names:
+            timeline.span(name, "MEMCPY_IN_FUSION_BUFFER", start, packed, tensors=len(batch.names))
+            timeline.span(name, "ALLREDUCE", packed, reduced, bytes=int(flat.nbytes))
+            timeline.span(name, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
+    return results
+
+
+def _single(comm, batch, payload):
+    request = batch.requests[0]
+    agree = request.agree
+    kind = batch.kind
+    if kind == "allgather":
+        data = payload if payload is not None else _placeholder_bytes(agree["dtypes"], (0,) + tuple(agree["trailing dimensions"]))
+        return mpi_collectives.allgather(comm, data, batch.per_rank)
+    if kind == "broadcast":
+        data = payload if payload is not None else _placeholder_bytes(agree["dtypes"], agree["shapes"])
+        return mpi_collectives.broadcast(comm, data, agree["root ranks"])
+    if kind == "reducescatter":
+        data = payload if payload is not None else _zeros_to_reduce(request)
+        return mpi_collectives.reducescatter(
+            comm, data, agree["reduce ops"], agree["prescale factors"], agree["postscale factors"]
+        )
+    if kind == "alltoall":
+        me = comm.Get_rank()
+        received = [splits[me] for splits in batch.per_rank]
+        output = mpi_collectives.alltoall(comm, payload, batch.per_rank[me], received)
+        return output, np.asarray(received, dtype=np.int64)
+    if kind == "barrier":
+        return None
+    if kind == "broadcast_object":
+        return comm.bcast(payload, root=agree["root ranks"])
+    if kind == "allgather_object":
+        return comm.allgather(payload)
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def execute_batch(comm, batch, payloads, fusion_buffer, timeline=None):
+    """Run `batch` on `comm`; return one result per name (None where this rank has joined)."""
+    if batch.kind == "allreduce":
+        return fused_allreduce(comm, batch, payloads, fusion_buffer, timeline)
+    start = now_us()
+    result = _single(comm, batch, payloads[0])
+    if timeline is not None:
+        timeline.span(batch.names[0], batch.kind.upper(), start, now_us())
+    return [result if payloads[0] is not None else None]

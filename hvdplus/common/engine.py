@@ -1,0 +1,350 @@
+"""The background thread that owns MPI once hvdplus is initialized.
+
+Callers on any thread `submit` named operations and get a `Handle`. The engine thread
+sends each rank's new requests to rank 0, whose `Coordinator` answers every rank with
+the same ordered list of batches once all ranks have submitted a name; every rank then
+runs those batches in that order. The thread never spins at full speed: while work is
+outstanding it polls with short sleeps, and when idle it sleeps for the cycle time or
+until something is submitted, so it leaves the cores to the training loop.
+"""
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Deque, Dict, List, Optional
+
+from mpi4py import MPI
+
+from ..comm.batches import execute_batch
+from .errors import HvdplusError, ShutdownError, StalledError, error_from_wire
+from .fusion import FusionBuffer
+from .handles import Handle
+from .negotiation import JOIN, SHUTDOWN, Batch, Coordinator
+from .requests import Request
+from .timeline import Timeline, now_us
+
+__all__ = ["Entry", "Engine"]
+
+LOG = logging.getLogger("hvdplus")
+_REQUEST_TAG = 101
+_RESPONSE_TAG = 102
+_SHUTDOWN_WAIT_S = 10.0
+# How long a caller blocked on a handle drives the engine itself before it sleeps.
+_CALLER_SPIN_S = 0.020
+
+
+@dataclasses.dataclass(eq=False)
+class Entry:
+    """One submitted operation on this rank: what every rank must agree on, and this rank's data."""
+
+    request: Request
+    payload: Any
+    handle: Handle
+    submitted_us: float = dataclasses.field(default_factory=now_us)
+
+    @property
+    def name(self) -> str:
+        return self.request.name
+
+
+class Engine:
+    """Owns the control and data communicators and the thread that drives them."""
+
+    def __init__(self, comm, settings):
+        self.data_comm = comm
+        self.control_comm = comm.Dup()
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.settings = settings
+        self.coordinator = (
+            Coordinator(self.size, settings.fusion_threshold_bytes, settings.cache_capacity)
+            if self.rank == 0 else None
+        )
+        self.timeline: Optional[Timeline] = None
+        if settings.timeline_path and self.rank == 0:
+            self.timeline = Timeline(settings.timeline_path)
+        self._fusion_buffer = FusionBuffer()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._completed = threading.Condition()
+        self._submitted: Deque[Entry] = collections.deque()
+        self._in_flight: Dict[str, Entry] = {}
+        self._cache: Dict[str, tuple] = {}
+        self._sends: List[MPI.Request] = []
+        self._status = MPI.Status()
+        self._last_stall_check = time.monotonic()
+        self._stop_requested = False
+        self._finished = False
+        self._callers_driving = 0
+        self._progress = threading.Lock()
+        self._shutdown_sent = False
+        self._failure: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="hvdplus-engine", daemon=True)
+        self._thread.start()
+
+    # -- caller side ------------------------------------------------------------------
+    def submit(self, request: Request, payload: Any, finish=None) -> Handle:
+        """Queue an operation; ValueError if its name is already in flight on this rank.
+
+        The engine thread is not woken: it picks the operation up within one cycle, so the
+        operations a training step submits together are negotiated together, and a caller
+        that waits on the handle at once drives the engine itself (see wait_for)."""
+        handle = Handle(request.name, self, finish)
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            if request.name in self._in_flight:
+                raise ValueError(
+                    f"an operation named '{request.name}' is already in flight on rank {self.rank}; "
+                    "synchronize it before submitting the name again"
+                )
+            entry = Entry(request, payload, handle)
+            self._in_flight[request.name] = entry
+            self._submitted.append(entry)
+        return handle
+
+    def stop(self) -> None:
+        """Shut down on every rank: pending operations fail, the thread ends."""
+        with self._lock:
+            self._stop_requested = True
+        self._wake.set()
+        self._thread.join(timeout=_SHUTDOWN_WAIT_S + 5)
+        if self.timeline is not None:
+            self.timeline.close()
+        self.control_comm.Free()
+
+    # -- engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        with self._failing_aborts_the_job():
+            while not self._finished:
+                # A caller blocked in wait() may be driving already: then stay out of its way.
+                if self._progress.acquire(blocking=False):
+                    try:
+                        self._step()
+                    finally:
+                        self._progress.release()
+                if not self._finished:
+                    self._idle()
+            self._finish_shutdown()
+
+    @contextlib.contextmanager
+    def _failing_aborts_the_job(self):
+        try:
+            yield
+        except BaseException as exc:  # never die silently: the other ranks would wait forever
+            traceback.print_exc()
+            self._fail_everything(HvdplusError(f"hvdplus engine failed on rank {self.rank}: {exc!r}"))
+            sys.stderr.write(f"hvdplus: engine failure on rank {self.rank}; aborting the job\n")
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(1)
+
+    def wait_for(self, handle: Handle) -> None:
+        """Return once `handle` is done.
+
+        Handing work to a sleeping thread and back costs two wake-ups (about 60 us each on
+        virtual machines), far more than a small all-reduce; so a caller that would block
+        anyway first runs engine steps itself for a while, yielding the core between steps
+        to any process that needs it, and only then sleeps until the engine thread is done."""
+        self._drive_until(handle)
+        with self._completed:
+            while not handle.done():
+                self._completed.wait(timeout=1.0)
+
+    def _drive_until(self, handle: Handle) -> None:
+        deadline = time.monotonic() + _CALLER_SPIN_S
+        with self._lock:
+            self._callers_driving += 1
+        try:
+            while not handle.done() and not self._finished and time.monotonic() < deadline:
+                if self._progress.acquire(blocking=False):
+                    try:
+                        with self._failing_aborts_the_job():
+                            self._step()
+                    finally:
+                        self._progress.release()
+                os.sched_yield()
+        finally:
+            with self._lock:
+                self._callers_driving -= 1
+        if not handle.done():
+            self._wake.set()
+
+    def _step(self) -> None:
+        """One round of send, coordinate, receive, execute."""
+        outgoing = self._drain_submissions()
+        if self.coordinator is not None:
+            self.coordinator.add(0, outgoing)
+            self._receive_requests()
+            batches = self.coordinator.take_batches()
+            batches += self._stall_batches()
+            if self.coordinator.shutdown_ranks:
+                batches.append(Batch("shutdown", value=min(self.coordinator.shutdown_ranks)))
+            if batches:
+                for worker in range(1, self.size):
+                    self._sends.append(self.control_comm.isend(batches, dest=worker, tag=_RESPONSE_TAG))
+            self._finished |= self._execute(batches)
+        else:
+            if outgoing:
+                self._sends.append(self.control_comm.isend(outgoing, dest=0, tag=_REQUEST_TAG))
+            while not self._finished and self.control_comm.iprobe(source=0, tag=_RESPONSE_TAG):
+                batches = self.control_comm.recv(source=0, tag=_RESPONSE_TAG)
+                self._finished |= self._execute(batches)
+        if self._sends:
+            self._sends = [request for request in self._sends if not request.Test()]
+
+    def _drain_submissions(self) -> list:
+        with self._lock:
+            entries = list(self._submitted)
+            self._submitted.clear()
+            stop = self._stop_requested and not self._shutdown_sent
+            if stop:
+                self._shutdown_sent = True
+        outgoing = [self._outgoing_item(entry) for entry in entries]
+        if stop:
+            outgoing.append(SHUTDOWN)
+        return outgoing
+
+    def _outgoing_item(self, entry: Entry):
+        """The request itself, or its response-cache id when it is unchanged since agreed."""
+        if entry.request.kind == JOIN:
+            return JOIN
+        cached = self._cache.get(entry.name)
+        if cached is not None and cached[0] == entry.request:
+            return cached[1]
+        return entry.request
+
+    def _receive_requests(self) -> None:
+        if self.size == 1:
+            return
+        status = self._status
+        while self.control_comm.iprobe(source=MPI.ANY_SOURCE, tag=_REQUEST_TAG, status=status):
+            source = status.Get_source()
+            self.coordinator.add(source, self.control_comm.recv(source=source, tag=_REQUEST_TAG))
+
+    def _idle(self) -> None:
+        """Sleep one cycle, or until something is submitted. Never poll faster: a thread
+        that spins here takes the GIL and a core from the training loop; callers that
+        wait on a handle poll for themselves (drive_until)."""
+        # While a caller drives, waking every cycle would only take the GIL from it.
+        timeout = _CALLER_SPIN_S * 2 if self._callers_driving else self.settings.cycle_time_ms / 1000.0
+        if self._wake.wait(timeout):
+            self._wake.clear()
+
+    # -- executing agreed batches -----------------------------------------------------
+    def _execute(self, batches: List[Batch]) -> bool:
+        """Run `batches` in order; True if one of them shuts the engine down."""
+        for batch in batches:
+            finished = self._run_batch(batch)
+            self._notify_waiters()
+            if finished:
+                return True
+        return False
+
+    def _run_batch(self, batch: Batch) -> bool:
+        if batch.kind == "shutdown":
+            self._fail_everything(ShutdownError(
+                f"hvdplus was shut down (first by rank {batch.value}) before this operation "
+                "completed on every rank"
+            ))
+            return True
+        if batch.kind == "stalled":
+            self._fail_everything(StalledError(batch.value))
+            return True
+        if batch.kind == "join_done":
+            self._complete("__join__", batch.value)
+            return False
+        entries = [self._in_flight.get(name) for name in batch.names]
+        if batch.error is not None:
+            for entry in entries:
+                if entry is not None:
+                    self._complete(entry.name, error=error_from_wire(batch.error))
+            return False
+        for name, cache_id in (batch.cache_ids or {}).items():
+            entry = self._in_flight.get(name)
+            if entry is not None:
+                self._cache[name] = (entry.request, cache_id)
+        payloads = [entry.payload if entry is not None else None for entry in entries]
+        if self.timeline is not None:
+            self._record_negotiation(batch, entries)
+        results = execute_batch(self.data_comm, batch, payloads, self._fusion_buffer, self.timeline)
+        for entry, result in zip(entries, results):
+            if entry is not None:
+                self._complete(entry.name, result)
+        return False
+
+    def _record_negotiation(self, batch, entries) -> None:
+        start = now_us()
+        for entry in entries:
+            if entry is not None:
+                self.timeline.span(entry.name, "NEGOTIATE_" + batch.kind.upper(), entry.submitted_us, start)
+
+    def _complete(self, name, result=None, error=None) -> None:
+        with self._lock:
+            entry = self._in_flight.pop(name, None)
+        if entry is None:
+            return
+        if error is not None:
+            entry.handle.set_error(error)
+        else:
+            entry.handle.set_result(result)
+
+    def _notify_waiters(self) -> None:
+        with self._completed:
+            self._completed.notify_all()
+
+    def _fail_everything(self, error: BaseException) -> None:
+        with self._lock:
+            self._failure = error
+            entries = list(self._in_flight.values())
+            self._in_flight.clear()
+            self._submitted.clear()
+        for entry in entries:
+            entry.handle.set_error(type(error)(f"'{entry.name}': {error}"))
+        self._notify_waiters()
+
+    # -- stalls and shutdown ----------------------------------------------------------
+    def _stall_batches(self) -> List[Batch]:
+        """Warn about names some ranks submitted and others did not; give up if configured."""
+        now = time.monotonic()
+        check_after = self.settings.stall_check_seconds
+        if now - self._last_stall_check < min(1.0, check_after) or check_after <= 0:
+            return []
+        self._last_stall_check = now
+        stalled = self.coordinator.stalled(check_after)
+        if not stalled:
+            return []
+        lines = [
+            f"  '{name}' waited {age:.0f} s: submitted by ranks {submitted}, missing on ranks {missing}"
+            for name, submitted, missing, age in stalled
+        ]
+        message = "hvdplus: stalled collectives (some ranks never submitted them):\n" + "\n".join(lines)
+        LOG.warning(message)
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+        limit = self.settings.stall_shutdown_seconds
+        if limit > 0 and any(age >= limit for *_, age in stalled):
+            return [Batch("stalled", value=message + f"\nshutting down after {limit:.0f} s")]
+        return []
+
+    def _finish_shutdown(self) -> None:
+        """Every rank sends SHUTDOWN exactly once and rank 0 waits for all of them, so no
+        message is left unmatched when the communicators are freed."""
+        if self.coordinator is None:
+            if not self._shutdown_sent:
+                self._shutdown_sent = True
+                self._sends.append(self.control_comm.isend([SHUTDOWN], dest=0, tag=_REQUEST_TAG))
+        else:
+            deadline = time.monotonic() + _SHUTDOWN_WAIT_S
+            while len(self.coordinator.shutdown_ranks | {0}) < self.size and time.monotonic() < deadline:
+                self._receive_requests()
+                time.sleep(0.001)
+        deadline = time.monotonic() + _SHUTDOWN_WAIT_S
+        while self._sends and time.monotonic() < deadline:
+            self._sends = [request for request in self._sends if not request.Test()]
+            time.sleep(0.0005)

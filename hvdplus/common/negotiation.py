@@ -1,0 +1,201 @@
+"""Rank 0's side of negotiation: which named operations every rank has submitted.
+
+Ranks submit operations in whatever order their program produces them. The coordinator
+collects each rank's requests, and once a name has been submitted by every rank that has
+not joined, checks that all of them agree and releases it. Released names go out to every
+rank as one list of `Batch`es, executed in that order everywhere, so the collectives pair
+up across ranks. Compatible all-reduces are fused into one batch.
+
+The response cache: once a name has been agreed, every rank may send the small integer id
+the coordinator assigned to it instead of the whole request, and a name whose requests all
+came as ids skips the check; steady-state training steps repeat the same names.
+"""
+
+import collections
+import dataclasses
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .errors import error_to_wire
+from .fusion import fused_nbytes, fusion_key
+from .requests import Request, check_agreement
+
+__all__ = ["Batch", "JOIN", "SHUTDOWN", "Coordinator"]
+
+JOIN = "join"
+SHUTDOWN = "shutdown"
+# Kinds a joined rank can take part in, contributing zeros or no rows.
+_JOINABLE = ("allreduce", "allgather", "broadcast", "reducescatter", "barrier")
+
+
+@dataclasses.dataclass
+class Batch:
+    """Names every rank executes together, in list order.
+
+    Args:
+        kind: the collective, or "join_done", "shutdown", "stalled" for control batches.
+        names: tensor names (several only for a fused all-reduce).
+        error: (class name, message) when the names failed the agreement check.
+        requests: one agreed request per name, so a joined rank can contribute zeros.
+        per_rank: for allgather, rows per rank; for alltoall, splits per sending rank.
+        cache_ids: ids assigned to names in this batch, for the ranks' response caches.
+        value: the last rank to join for "join_done"; the reason for "stalled"/"shutdown".
+    """
+
+    kind: str
+    names: List[str] = dataclasses.field(default_factory=list)
+    error: Optional[Tuple[str, str]] = None
+    requests: Optional[List[Request]] = None
+    per_rank: Optional[list] = None
+    cache_ids: Optional[Dict[str, int]] = None
+    value: object = None
+
+
+@dataclasses.dataclass
+class _Pending:
+    by_rank: Dict[int, Request] = dataclasses.field(default_factory=dict)
+    first_seen: float = 0.0
+    needs_check: bool = False
+    warned_at: float = 0.0
+
+
+class Coordinator:
+    """Collects requests from all `size` ranks and hands out batches ready to execute."""
+
+    def __init__(self, size: int, fusion_threshold: int, cache_capacity: int, clock=time.monotonic):
+        self.size = size
+        self.fusion_threshold = fusion_threshold
+        self.cache_capacity = cache_capacity
+        self.clock = clock
+        self.pending: Dict[str, _Pending] = {}
+        self.joined: List[int] = []
+        self.shutdown_ranks: set = set()
+        self._cached: List[Tuple[str, List[Optional[Request]]]] = []
+        self._cache_id_of: Dict[str, int] = {}
+        self._control: List[Batch] = []
+
+    # -- input ------------------------------------------------------------------------
+    def add(self, rank: int, items: Sequence) -> None:
+        """Take rank `rank`'s new items: Requests, cache ids (int), JOIN or SHUTDOWN."""
+        for item in items:
+            if isinstance(item, int):
+                name, by_rank = self._cached[item]
+                self._pend(rank, by_rank[rank], checked=True)
+            elif item == JOIN:
+                self.joined.append(rank)
+            elif item == SHUTDOWN:
+                self.shutdown_ranks.add(rank)
+            else:
+                self._pend(rank, item, checked=False)
+
+    def _pend(self, rank: int, request: Request, checked: bool) -> None:
+        entry = self.pending.get(request.name)
+        if entry is None:
+            entry = self.pending[request.name] = _Pending(first_seen=self.clock())
+        entry.by_rank[rank] = request
+        entry.needs_check = entry.needs_check or not checked
+
+    # -- output -----------------------------------------------------------------------
+    def take_batches(self) -> List[Batch]:
+        """Everything that became ready since the last call, in execution order."""
+        ready = [name for name, entry in self.pending.items() if self._is_ready(entry)]
+        ready = self._whole_groups(ready)
+        batches = self._batch(ready)
+        if len(self.joined) == self.size:
+            batches.append(Batch("join_done", value=self.joined[-1]))
+            self.joined = []
+        return batches
+
+    def _is_ready(self, entry: _Pending) -> bool:
+        return len(entry.by_rank) + sum(1 for r in self.joined if r not in entry.by_rank) >= self.size
+
+    def _whole_groups(self, ready: List[str]) -> List[str]:
+        """Hold back members of grouped all-reduces until their whole group is ready."""
+        groups = {name: self._group_of(name) for name in ready}
+        ready_members = collections.Counter(group[0] for group in groups.values() if group)
+        return [name for name, group in groups.items() if not group or ready_members[group[0]] == group[1]]
+
+    def _group_of(self, name: str):
+        """(group name, member count) for a grouped all-reduce, else None."""
+        request = next(iter(self.pending[name].by_rank.values()))
+        return request.agree.get("groups")
+
+    def _batch(self, ready: List[str]) -> List[Batch]:
+        batches: List[Batch] = []
+        open_fusions: Dict[tuple, list] = {}
+        for name in ready:
+            entry = self.pending.pop(name)
+            ranks = sorted(entry.by_rank)
+            requests = [entry.by_rank[r] for r in ranks]
+            error = self._check(name, entry, ranks, requests)
+            kind = requests[0].kind
+            if error is not None:
+                batches.append(Batch(kind, [name], error=error))
+                continue
+            cache_ids = self._remember(name, entry, ranks)
+            if kind == "allreduce":
+                self._fuse(name, requests[0], cache_ids, open_fusions, batches)
+                continue
+            batch = Batch(kind, [name], requests=[requests[0]], cache_ids=cache_ids)
+            if kind == "allgather":
+                batch.per_rank = [entry.by_rank[r].local["rows"] if r in entry.by_rank else 0 for r in range(self.size)]
+            elif kind == "alltoall":
+                batch.per_rank = [entry.by_rank[r].local["splits"] for r in range(self.size)]
+            batches.append(batch)
+        return batches
+
+    def _check(self, name, entry, ranks, requests):
+        absent = [r for r in range(self.size) if r not in entry.by_rank]
+        kind = requests[0].kind
+        if absent and kind not in _JOINABLE:
+            return ("HvdplusError", f"{kind} '{name}' cannot run while ranks {absent} have joined")
+        if absent and kind == "broadcast" and requests[0].agree.get("root ranks") in absent:
+            return ("HvdplusError", f"broadcast '{name}': root rank {requests[0].agree['root ranks']} has joined")
+        if not entry.needs_check:
+            return None
+        try:
+            check_agreement(requests, ranks)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            return error_to_wire(exc)
+        return None
+
+    def _remember(self, name, entry, ranks) -> Optional[Dict[str, int]]:
+        """Give `name` a cache id (or refresh its requests); returned to ship to the ranks."""
+        if not entry.needs_check or len(ranks) != self.size:
+            return None
+        by_rank = [entry.by_rank[r] for r in range(self.size)]
+        cache_id = self._cache_id_of.get(name)
+        if cache_id is None:
+            if len(self._cached) >= self.cache_capacity:
+                return None
+            cache_id = self._cache_id_of[name] = len(self._cached)
+            self._cached.append((name, by_rank))
+        else:
+            self._cached[cache_id] = (name, by_rank)
+        return {name: cache_id}
+
+    def _fuse(self, name, request, cache_ids, open_fusions, batches) -> None:
+        """Append `name` to the open fused batch of its kind, or open a new one."""
+        key = fusion_key(request)
+        nbytes = fused_nbytes(request)
+        batch, used = open_fusions.get(key, (None, 0))
+        grouped = request.agree.get("groups") is not None
+        if batch is None or (used + nbytes > self.fusion_threshold and not grouped):
+            batch, used = Batch("allreduce", requests=[], cache_ids={}), 0
+            batches.append(batch)
+        open_fusions[key] = (batch, used + nbytes)
+        batch.names.append(name)
+        batch.requests.append(request)
+        batch.cache_ids.update(cache_ids or {})
+
+    # -- stalls -----------------------------------------------------------------------
+    def stalled(self, older_than: float) -> List[Tuple[str, List[int], List[int], float]]:
+        """(name, ranks that submitted, ranks missing, seconds waiting) for old pending names."""
+        now = self.clock()
+        found = []
+        for name, entry in self.pending.items():
+            age = now - entry.first_seen
+            if age >= older_than:
+                missing = [r for r in range(self.size) if r not in entry.by_rank and r not in self.joined]
+                found.append((name, sorted(entry.by_rank), missing, age))
+        return found

@@ -1,0 +1,122 @@
+"""The engine under real ranks: random submission orders, fusion, groups, join, handles."""
+
+import numpy as np
+import pytest
+
+import hvdplus as hvd
+from conftest import rank_values
+
+DTYPES = ["float32", "float64", "int32", "float16"]
+
+
+def tensor_spec(index):
+    dtype = DTYPES[index % len(DTYPES)]
+    shape = [(), (5,), (3, 4), (0,), (17,)][index % 5]
+    op = hvd.Sum if dtype == "int32" else [hvd.Sum, hvd.Average, hvd.Max][index % 3]
+    return dtype, shape, op
+
+
+def expected_allreduce(dtype, shape, op, seed, size):
+    stack = np.stack([rank_values(dtype, shape, r, seed).astype(np.float64) for r in range(size)])
+    return {hvd.Sum: stack.sum(0), hvd.Average: stack.mean(0), hvd.Max: stack.max(0)}[op]
+
+
+@pytest.mark.parametrize("step_count", [4])
+def test_random_submission_orders_of_many_named_tensors(rank, size, step_count):
+    count = 120
+    rng = np.random.default_rng([7, rank])  # every rank shuffles differently
+    for step in range(step_count):
+        order = rng.permutation(count)
+        handles = {}
+        for index in order:
+            dtype, shape, op = tensor_spec(index)
+            data = rank_values(dtype, shape, rank, seed=1000 * step + index)
+            handles[index] = hvd.allreduce_async(data, name=f"grad/{index}", op=op)
+        for index in rng.permutation(count):
+            dtype, shape, op = tensor_spec(index)
+            result = hvd.synchronize(handles[index])
+            expected = expected_allreduce(dtype, shape, op, 1000 * step + index, size)
+            assert result.dtype == np.dtype(dtype) and result.shape == shape
+            if dtype == "int32":
+                np.testing.assert_array_equal(result, expected.astype(np.int32))
+            else:
+                tol = 1e-2 if dtype == "float16" else 1e-5
+                np.testing.assert_allclose(result.astype(np.float64), expected, rtol=tol, atol=tol)
+
+
+def test_mixed_collectives_in_random_orders(rank, size):
+    rng = np.random.default_rng([8, rank])
+    jobs = {
+        "gather": lambda: hvd.allgather_async(np.full((rank + 1, 2), rank), name="mixed/gather"),
+        "bcast": lambda: hvd.broadcast_async(np.full(3, rank), root_rank=size - 1, name="mixed/bcast"),
+        "a2a": lambda: hvd.alltoall_async(np.arange(size) + 10 * rank, name="mixed/a2a"),
+        "rs": lambda: hvd.reducescatter_async(np.ones((size, 2)), op=hvd.Sum, name="mixed/rs"),
+        "sum": lambda: hvd.allreduce_async(np.ones(4), op=hvd.Sum, name="mixed/sum"),
+    }
+    keys = list(jobs)
+    handles = {key: jobs[key]() for key in rng.permutation(keys)}
+    gathered = hvd.synchronize(handles["gather"])
+    np.testing.assert_array_equal(gathered, np.concatenate([np.full((r + 1, 2), r) for r in range(size)]))
+    np.testing.assert_array_equal(hvd.synchronize(handles["bcast"]), np.full(3, size - 1))
+    received, splits = hvd.synchronize(handles["a2a"])
+    np.testing.assert_array_equal(received, [rank + 10 * r for r in range(size)])
+    np.testing.assert_array_equal(splits, [1] * size)
+    np.testing.assert_array_equal(hvd.synchronize(handles["rs"]), np.full((1, 2), size))
+    np.testing.assert_array_equal(hvd.synchronize(handles["sum"]), np.full(4, size))
+
+
+def test_grouped_allreduce_returns_every_member(rank, size):
+    arrays = [np.full(3, rank, dtype=np.float32), np.full((2, 2), rank + 1.0), np.arange(4, dtype=np.int32)]
+    results = hvd.grouped_allreduce(arrays, op=hvd.Sum, name="group/a")
+    total = size * (size - 1) / 2
+    np.testing.assert_array_equal(results[0], np.full(3, total, dtype=np.float32))
+    np.testing.assert_array_equal(results[1], np.full((2, 2), total + size))
+    np.testing.assert_array_equal(results[2], np.arange(4) * size)
+    handle = hvd.grouped_allreduce_async(arrays[:2], op=hvd.Max)
+    assert [r.max() for r in hvd.synchronize(handle)] == [size - 1, size]
+
+
+def test_duplicate_name_in_flight_is_refused_at_submit(rank, size):
+    handle = hvd.allreduce_async(np.ones(2), name="dup", op=hvd.Sum)
+    with pytest.raises(ValueError, match="'dup' is already in flight"):
+        hvd.allreduce_async(np.ones(2), name="dup")
+    np.testing.assert_array_equal(hvd.synchronize(handle), np.full(2, size))
+    # Once synchronized, the name is free again.
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(2), name="dup", op=hvd.Sum), np.full(2, size))
+
+
+def test_poll_turns_true_and_synchronize_returns(rank, size):
+    handle = hvd.allreduce_async(np.ones(8), name="polled", op=hvd.Sum)
+    while not hvd.poll(handle):
+        pass
+    np.testing.assert_array_equal(hvd.synchronize(handle), np.full(8, size))
+
+
+def test_async_mismatch_raises_everywhere_and_later_work_goes_on(rank, size):
+    if size < 2:
+        pytest.skip("needs two ranks")
+    bad = hvd.allreduce_async(np.zeros(rank + 2), name="async/bad")
+    good = hvd.allreduce_async(np.ones(3), name="async/good", op=hvd.Sum)
+    with pytest.raises(hvd.TensorMismatchError, match=r"Mismatched shapes for 'async/bad'.*rank 0 had \(2,\)"):
+        hvd.synchronize(bad)
+    np.testing.assert_array_equal(hvd.synchronize(good), np.full(3, size))
+
+
+def test_many_tensors_are_fused_and_still_exact(rank, size):
+    handles = [hvd.allreduce_async(np.full(100, i + rank, dtype=np.int64), name=f"fuse/{i}", op=hvd.Sum)
+               for i in range(300)]
+    for i, handle in enumerate(handles):
+        np.testing.assert_array_equal(hvd.synchronize(handle), np.full(100, size * i + size * (size - 1) // 2))
+
+
+def test_join_with_uneven_steps(rank, size):
+    # Rank r has r + 2 batches; the others' all-reduces go on with zeros from joined ranks.
+    for step in range(rank + 2):
+        result = hvd.allreduce(np.full(3, float(rank + 1)), name=f"join/step{step}", op=hvd.Average)
+        active = [r for r in range(size) if r + 2 > step]
+        np.testing.assert_allclose(result, np.full(3, sum(r + 1 for r in active) / size))
+        gathered = hvd.allgather(np.full((1, 2), rank), name=f"join/gather{step}")
+        np.testing.assert_array_equal(gathered, np.array([[r, r] for r in active]))
+    last = hvd.join()
+    assert last == size - 1
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="after_join"), np.full(2, size))

@@ -1,0 +1,119 @@
+"""Engine behaviour that needs a job of its own: stalls, timelines, shutdown, failures."""
+
+import json
+import sys
+import textwrap
+import time
+
+import pytest
+
+from mpi_jobs import launch
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run_job(nranks, code, env=None, timeout=90):
+    started = time.monotonic()
+    result = launch(nranks, [sys.executable, "-c", textwrap.dedent(code)], env=env, timeout=timeout)
+    return result, time.monotonic() - started
+
+
+def test_stall_warning_names_tensor_and_missing_rank():
+    result, _ = run_job(2, """
+        import time, numpy as np, hvdplus as hvd
+        hvd.init()
+        if hvd.rank() == 1:
+            time.sleep(3.5)
+        print("result", hvd.allreduce(np.ones(2), name="late_tensor", op=hvd.Sum))
+    """, env={"HVDPLUS_STALL_CHECK_TIME_SECONDS": "1"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "stalled collectives" in output
+    assert "'late_tensor'" in output and "missing on ranks [1]" in output
+    assert output.count("result [2. 2.]") == 2
+
+
+def test_stall_shutdown_raises_on_every_rank_instead_of_hanging():
+    result, elapsed = run_job(2, """
+        import time, numpy as np, hvdplus as hvd
+        hvd.init()
+        try:
+            if hvd.rank() == 0:
+                hvd.allreduce(np.ones(2), name="never_matched")
+            else:
+                time.sleep(4)
+                hvd.allreduce(np.ones(2), name="something_else")
+        except hvd.StalledError as error:
+            print(f"rank {hvd.rank()} StalledError:", str(error).splitlines()[0])
+    """, env={"HVDPLUS_STALL_CHECK_TIME_SECONDS": "1", "HVDPLUS_STALL_SHUTDOWN_TIME_SECONDS": "2"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "rank 0 StalledError" in output and "rank 1 StalledError" in output
+    assert elapsed < 30
+
+
+def read_trace(path, terminated):
+    text = path.read_text()
+    if not terminated:
+        # What chrome://tracing and Perfetto do with a trace cut off mid-run.
+        text = text.rstrip().rstrip(",") + "]"
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("abrupt", [False, True], ids=["normal-exit", "killed"])
+def test_timeline_is_a_chrome_trace(tmp_path, abrupt):
+    path = tmp_path / "timeline.json"
+    result, _ = run_job(2, f"""
+        import os, numpy as np, hvdplus as hvd
+        hvd.init()
+        handles = [hvd.allreduce_async(np.ones(10), name=f"layer{{i}}") for i in range(20)]
+        for h in handles:
+            hvd.synchronize(h)
+        hvd.allgather(np.ones((2, 2)), name="gathered")
+        if {abrupt}:
+            os._exit(0)
+    """, env={"HVDPLUS_TIMELINE": str(path)})
+    # An abrupt exit skips MPI_Finalize, which mpirun reports as a failure; that is the point.
+    assert abrupt or result.returncode == 0, result.stdout + result.stderr
+    events = read_trace(path, terminated=not abrupt)
+    phases = {event["name"] for event in events}
+    assert {"NEGOTIATE_ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER",
+            "ALLGATHER"} <= phases
+    rows = {event["args"]["name"] for event in events if event["name"] == "thread_name"}
+    assert {"layer0", "layer19", "gathered"} <= rows
+    fused = [event["args"]["tensors"] for event in events if event["name"] == "MEMCPY_IN_FUSION_BUFFER"]
+    assert max(fused) > 1, "20 tensors submitted at once should share a fusion buffer"
+
+
+def test_pending_handles_fail_clearly_at_shutdown():
+    result, elapsed = run_job(2, """
+        import numpy as np, hvdplus as hvd
+        hvd.init()
+        if hvd.rank() == 1:
+            handle = hvd.allreduce_async(np.ones(2), name="orphan")
+            hvd.shutdown()
+            try:
+                hvd.synchronize(handle)
+            except hvd.ShutdownError as error:
+                print("rank 1 ShutdownError:", error)
+        else:
+            hvd.shutdown()
+        print("rank", "done")
+    """)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "rank 1 ShutdownError: 'orphan'" in output
+    assert elapsed < 30
+
+
+def test_a_rank_exiting_early_fails_the_others_instead_of_hanging():
+    result, elapsed = run_job(2, """
+        import sys, numpy as np, hvdplus as hvd
+        hvd.init()
+        if hvd.rank() == 1:
+            sys.exit(3)
+        hvd.allreduce(np.ones(2), name="waits_for_rank_1")
+    """)
+    assert result.returncode != 0
+    assert "waits_for_rank_1" in result.stdout + result.stderr
+    assert elapsed < 30

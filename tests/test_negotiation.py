@@ -1,0 +1,118 @@
+"""The coordinator on hand-made requests: readiness, order, fusion, groups, cache, join."""
+
+import pytest
+
+from hvdplus.common.errors import error_from_wire
+from hvdplus.common.negotiation import JOIN, Coordinator
+from hvdplus.common.reduce_ops import Sum
+from hvdplus.common.requests import Request
+
+
+def allreduce(name, shape=(4,), dtype="float32", group=None):
+    agree = {"dtypes": dtype, "shapes": shape, "reduce ops": Sum,
+             "prescale factors": 1.0, "postscale factors": 1.0}
+    if group:
+        agree["groups"] = group
+    return Request("allreduce", name, agree)
+
+
+def coordinator(size=2, threshold=1 << 20, cache=16, clock=lambda: 0.0):
+    return Coordinator(size, threshold, cache, clock)
+
+
+def test_name_is_released_only_when_every_rank_submitted_it():
+    c = coordinator(size=3)
+    c.add(0, [allreduce("a"), allreduce("b")])
+    c.add(2, [allreduce("b")])
+    assert c.take_batches() == []
+    c.add(1, [allreduce("b"), allreduce("a")])
+    assert [b.names for b in c.take_batches()] == [["b"]]  # "a" still lacks rank 2
+    c.add(2, [allreduce("a")])
+    names = [name for batch in c.take_batches() for name in batch.names]
+    assert names == ["a"]
+
+
+def test_ready_allreduces_are_fused_up_to_the_threshold():
+    c = coordinator(threshold=40)  # each tensor is 4 float32 = 16 bytes
+    for rank in (0, 1):
+        c.add(rank, [allreduce(f"t{i}") for i in range(5)])
+    batches = c.take_batches()
+    assert [batch.names for batch in batches] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+
+
+def test_different_dtypes_never_share_a_batch():
+    c = coordinator()
+    for rank in (0, 1):
+        c.add(rank, [allreduce("x"), allreduce("y", dtype="float64"), allreduce("z")])
+    assert [batch.names for batch in c.take_batches()] == [["x", "z"], ["y"]]
+
+
+def test_group_waits_for_all_members_and_ignores_the_threshold():
+    c = coordinator(threshold=20)
+    members = [allreduce(f"g.{i}", group=("g", 3)) for i in range(3)]
+    c.add(0, members)
+    c.add(1, members[:2])
+    assert c.take_batches() == []
+    c.add(1, members[2:])
+    assert [batch.names for batch in c.take_batches()] == [["g.0", "g.1", "g.2"]]
+
+
+def test_mismatch_becomes_an_error_batch_naming_ranks():
+    c = coordinator()
+    c.add(0, [allreduce("w", shape=(2,))])
+    c.add(1, [allreduce("w", shape=(3,))])
+    (batch,) = c.take_batches()
+    error = error_from_wire(batch.error)
+    assert type(error).__name__ == "TensorMismatchError"
+    assert "rank 0 had (2,), rank 1 had (3,)" in str(error)
+
+
+def test_cache_ids_replace_requests_after_the_first_agreement():
+    c = coordinator()
+    for rank in (0, 1):
+        c.add(rank, [allreduce("w")])
+    (batch,) = c.take_batches()
+    cache_id = batch.cache_ids["w"]
+    c.add(0, [cache_id])
+    c.add(1, [cache_id])
+    (again,) = c.take_batches()
+    assert again.names == ["w"] and again.cache_ids == {}
+
+
+def test_cache_capacity_zero_assigns_no_ids():
+    c = coordinator(cache=0)
+    for rank in (0, 1):
+        c.add(rank, [allreduce("w")])
+    assert c.take_batches()[0].cache_ids == {}
+
+
+def test_joined_ranks_count_as_ready_and_join_completes_with_the_last_rank():
+    c = coordinator(size=3)
+    c.add(1, [JOIN])
+    c.add(0, [allreduce("a")])
+    c.add(2, [allreduce("a")])
+    (batch,) = c.take_batches()
+    assert batch.names == ["a"]
+    c.add(2, [JOIN])
+    c.add(0, [JOIN])
+    (done,) = c.take_batches()
+    assert done.kind == "join_done" and done.value == 0
+
+
+def test_alltoall_cannot_run_while_a_rank_has_joined():
+    c = coordinator()
+    c.add(1, [JOIN])
+    c.add(0, [Request("alltoall", "x", {"dtypes": "float32", "trailing dimensions": ()}, {"splits": [1, 1]})])
+    (batch,) = c.take_batches()
+    assert "cannot run while ranks [1] have joined" in batch.error[1]
+
+
+def test_stalled_lists_submitters_and_missing_ranks():
+    now = [0.0]
+    c = coordinator(size=3, clock=lambda: now[0])
+    c.add(0, [allreduce("slow")])
+    c.add(2, [allreduce("slow")])
+    now[0] = 5.0
+    assert c.stalled(older_than=10.0) == []
+    now[0] = 12.0
+    assert c.stalled(older_than=10.0) == [("slow", [0, 2], [1], pytest.approx(12.0))]
