@@ -16,7 +16,8 @@ from .common.errors import (
 from .common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
 from .common.runtime import (
     cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
-    mpi_built, mpi_enabled, mpi_threads_supported, rank, shutdown, size,
+    mpi_built, mpi_enabled, mpi_threads_supported, rank, shutdown, size, start_timeline,
+    stop_timeline,
 )
 from .version import __version__
 
@@ -38,7 +39,7 @@ __all__ = [
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built",
+    "mpi_built", "start_timeline", "stop_timeline",
 ] + sorted(_LAZY)
 
 

@@ -117,3 +117,19 @@ def test_a_rank_exiting_early_fails_the_others_instead_of_hanging():
     assert result.returncode != 0
     assert "waits_for_rank_1" in result.stdout + result.stderr
     assert elapsed < 30
+
+
+def test_timeline_started_and_stopped_at_runtime(tmp_path):
+    path = tmp_path / "runtime.json"
+    result, _ = run_job(2, f"""
+        import numpy as np, hvdplus as hvd
+        hvd.init()
+        hvd.allreduce(np.ones(2), name="before_start")
+        hvd.start_timeline({str(path)!r})
+        hvd.allreduce(np.ones(2), name="recorded")
+        hvd.stop_timeline()
+        hvd.allreduce(np.ones(2), name="after_stop")
+    """)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {e["args"]["name"] for e in read_trace(path, terminated=True) if e["name"] == "thread_name"}
+    assert rows == {"recorded"}

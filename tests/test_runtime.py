@@ -143,3 +143,42 @@ def test_uncaught_exception_on_one_rank_aborts_the_job_quickly():
     assert time.monotonic() - started < 30
     assert "boom on rank one" in result.stderr + result.stdout
     assert "aborting the job" in result.stderr + result.stdout
+
+
+@pytest.mark.timeout(90)
+def test_init_with_a_rank_list_in_a_real_job():
+    code = (
+        "import numpy as np, hvdplus as h\n"
+        "from mpi4py import MPI\n"
+        "h.init(comm=[0, 2])\n"
+        "world = MPI.COMM_WORLD.Get_rank()\n"
+        "if h.is_initialized():\n"
+        "    total = h.allreduce(np.array([world]), op=h.Sum)\n"
+        "    print(f'world {world} -> rank {h.rank()} of {h.size()} sum {total[0]}')\n"
+        "else:\n"
+        "    print(f'world {world} left out')\n"
+    )
+    result = launch(3, [sys.executable, "-c", code], timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "world 0 -> rank 0 of 2 sum 2" in result.stdout
+    assert "world 2 -> rank 1 of 2 sum 2" in result.stdout
+    assert "world 1 left out" in result.stdout
+
+
+@pytest.mark.timeout(90)
+def test_node_id_variable_groups_ranks_into_nodes():
+    # Ranks 0 and 2 pose as one node, 1 and 3 as another: nodes need not be contiguous.
+    code = (
+        "import os\n"
+        "from mpi4py import MPI\n"
+        "world = MPI.COMM_WORLD.Get_rank()\n"
+        "os.environ['HVDPLUS_NODE_ID'] = f'host-{world % 2}'\n"
+        "import hvdplus as h\n"
+        "h.init()\n"
+        "print(f'rank {h.rank()} local {h.local_rank()}/{h.local_size()} cross {h.cross_rank()}/{h.cross_size()}')\n"
+    )
+    result = launch(4, [sys.executable, "-c", code], timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("rank 0 local 0/2 cross 0/2", "rank 1 local 0/2 cross 1/2",
+                 "rank 2 local 1/2 cross 0/2", "rank 3 local 1/2 cross 1/2"):
+        assert line in result.stdout, result.stdout

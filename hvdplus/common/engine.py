@@ -109,14 +109,25 @@ class Engine:
             self._submitted.append(entry)
         return handle
 
+    def start_timeline(self, path: str) -> None:
+        """Write a timeline to `path` from now on (rank 0 writes; other ranks ignore it)."""
+        if self.rank == 0:
+            previous, self.timeline = self.timeline, Timeline(path)
+            if previous is not None:
+                previous.close()
+
+    def stop_timeline(self) -> None:
+        timeline, self.timeline = self.timeline, None
+        if timeline is not None:
+            timeline.close()
+
     def stop(self) -> None:
         """Shut down on every rank: pending operations fail, the thread ends."""
         with self._lock:
             self._stop_requested = True
         self._wake.set()
         self._thread.join(timeout=_SHUTDOWN_WAIT_S + 5)
-        if self.timeline is not None:
-            self.timeline.close()
+        self.stop_timeline()
         self.control_comm.Free()
 
     # -- engine thread ----------------------------------------------------------------

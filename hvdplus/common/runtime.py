@@ -17,6 +17,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "current",
     "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
     "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+    "start_timeline", "stop_timeline",
 ]
 
 
@@ -194,3 +195,14 @@ def mpi_built() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("mpi4py") is not None
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome-trace timeline to `file_path` (rank 0 writes it; call on every
+    rank). `mark_cycles` is accepted for Horovod compatibility; cycles are not marked."""
+    current("start_timeline()").engine.start_timeline(file_path)
+
+
+def stop_timeline() -> None:
+    """Stop writing the timeline and close its file as valid JSON."""
+    current("stop_timeline()").engine.stop_timeline()
