@@ -14,7 +14,7 @@ from mpi4py import MPI
 from ..common.dtypes import accumulation_dtype
 from ..common.reduce_ops import ReduceOp
 
-__all__ = ["MPI_OPS", "allreduce_in_place", "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "reducescatter_rows"]
+__all__ = ["MPI_OPS", "finish_reduction", "allgather", "broadcast", "alltoall", "reducescatter", "reducescatter_rows"]
 
 MPI_OPS = {
     ReduceOp.AVERAGE: MPI.SUM,
@@ -45,27 +45,11 @@ def _prepare_reduction(array, prescale_factor):
     return work
 
 
-def _finish_reduction(work, op, postscale_factor, size):
+def finish_reduction(work, op, postscale_factor, size):
     """Apply Average's division and the postscale factor, in place."""
     scale = postscale_factor / size if op == ReduceOp.AVERAGE else postscale_factor
     if scale != 1.0:
         work *= scale
-
-
-def allreduce_in_place(comm, flat, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduce the contiguous 1-d `flat` (already in its accumulation dtype) in place."""
-    if prescale_factor != 1.0:
-        flat *= prescale_factor
-    if comm.Get_size() > 1 and flat.size:
-        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI_OPS[op])
-    _finish_reduction(flat, op, postscale_factor, comm.Get_size())
-
-
-def allreduce(comm, array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduce `array` elementwise over all ranks of `comm`."""
-    work = np.array(array, dtype=accumulation_dtype(array.dtype), order="C", copy=True)
-    allreduce_in_place(comm, work.reshape(-1), op, prescale_factor, postscale_factor)
-    return work.astype(array.dtype, copy=False)
 
 
 def allgather(comm, array, first_dims: Sequence[int]):
@@ -116,5 +100,5 @@ def reducescatter(comm, array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postsca
     else:
         counts = [r * row_elems for r in rows]
         comm.Reduce_scatter(work.reshape(-1), output.reshape(-1), recvcounts=counts, op=MPI_OPS[op])
-    _finish_reduction(output, op, postscale_factor, size)
+    finish_reduction(output, op, postscale_factor, size)
     return output.astype(array.dtype, copy=False)

@@ -54,17 +54,25 @@ def is_half(dtype: np.dtype) -> bool:
     return dtype.name in _HALF_NAMES
 
 
+_ACCUMULATION = {}
+
+
 def accumulation_dtype(dtype) -> np.dtype:
     """The dtype in which values of `dtype` (a dtype or its name) are reduced.
 
     Takes names so that a rank holding no such array (one that has joined) needs no
-    bfloat16 import to reduce zeros in its place."""
-    name = dtype if isinstance(dtype, str) else dtype_name(dtype)
-    if name in _HALF_NAMES:
-        return np.dtype(np.float32)
-    if name == "bool":
-        return np.dtype(np.uint8)
-    return np.dtype(name)
+    bfloat16 import to reduce zeros in its place. Memoized: it is on every call's path."""
+    found = _ACCUMULATION.get(dtype)
+    if found is None:
+        name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+        if name in _HALF_NAMES:
+            found = np.dtype(np.float32)
+        elif name == "bool":
+            found = np.dtype(np.uint8)
+        else:
+            found = np.dtype(name)
+        _ACCUMULATION[dtype] = found
+    return found
 
 
 def itemsize_of(dtype_name: str) -> int:

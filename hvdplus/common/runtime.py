@@ -7,6 +7,7 @@ or Slurm's `srun` the ranks come from MPI; with no launcher the process is a job
 
 import atexit
 import itertools
+import os
 import sys
 from typing import Optional, Sequence, Union
 
@@ -25,11 +26,13 @@ class Runtime:
     """Everything `init()` sets up; lives until `shutdown()`."""
 
     def __init__(self, topology, settings: Settings):
+        from ..comm.allreducer import Allreducer
         from .engine import Engine
 
         self.topology = topology
         self.settings = settings
-        self.engine = Engine(topology.comm, settings)
+        self.allreducer = Allreducer(topology, settings.allreduce_algorithm)
+        self.engine = Engine(topology.comm, settings, self.allreducer)
         self._name_counters = {}
 
     def name_for(self, kind: str, name: Optional[str]) -> str:
@@ -58,6 +61,10 @@ def init(comm: Union[None, "object", Sequence[int]] = None) -> None:
     global _runtime
     if _runtime is not None:
         return
+    if "mpi4py.MPI" not in sys.modules:
+        # hvdplus' shared-memory window is Open MPI's osc/sm business; its UCX component
+        # would only print a failed-query error on machines without UCX networking.
+        os.environ.setdefault("OMPI_MCA_osc", "^ucx")
     from mpi4py import MPI
 
     from .topology import build_topology
@@ -127,6 +134,7 @@ def shutdown() -> None:
     if _previous_excepthook is not None:
         sys.excepthook, _previous_excepthook = _previous_excepthook, None
     runtime.engine.stop()
+    runtime.allreducer.free()
     runtime.topology.free()
 
 

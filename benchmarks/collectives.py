@@ -1,0 +1,169 @@
+"""All-reduce bandwidth of hvdplus' algorithms against raw MPI, gloo and memcpy, in one run.
+
+    hvdplusrun -np 2 python benchmarks/collectives.py [--max-kib 262144] [--out benchmarks/results]
+
+For each size from 4 KiB up: hvdplus through the engine (`hvd.allreduce`, auto algorithm),
+the communication layer called directly with each algorithm and with auto, raw mpi4py
+`Comm.Allreduce` on the same buffers, torch.distributed gloo `all_reduce` when torch is
+installed, and single-core memcpy of the same bytes as the ceiling. Prints time, algbw and
+busbw (busbw = algbw * 2(n-1)/n, as nccl-tests define it) with each ratio to raw MPI, and
+writes a CSV and a PNG plot.
+"""
+
+import argparse
+import csv
+import os
+import platform
+import socket
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import hvdplus as hvd
+from hvdplus.common import runtime
+
+WORLD = MPI.COMM_WORLD
+
+
+def median_seconds(step, total_bytes):
+    """Median over enough repeats to take about half a second (at least 3), slowest rank's."""
+    step()
+    WORLD.Barrier()
+    start = time.perf_counter()
+    step()
+    once = WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX)
+    repeats = max(3, min(200, int(0.5 / max(once, 1e-6))))
+    samples = []
+    for _ in range(repeats):
+        WORLD.Barrier()
+        start = time.perf_counter()
+        step()
+        samples.append(time.perf_counter() - start)
+    return WORLD.allreduce(statistics.median(samples), op=MPI.MAX)
+
+
+def memcpy_seconds(data):
+    """One core copying while the other ranks wait: the ceiling a single rank can move."""
+    target = np.empty_like(data)
+    result = 0.0
+    if WORLD.Get_rank() == 0:
+        np.copyto(target, data)
+        samples = []
+        for _ in range(max(3, min(100, int(2e8 // max(data.nbytes, 1))))):
+            start = time.perf_counter()
+            np.copyto(target, data)
+            samples.append(time.perf_counter() - start)
+        result = statistics.median(samples)
+    return WORLD.bcast(result)
+
+
+def gloo_group():
+    """torch.distributed with gloo over loopback, or None without torch."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    port = None
+    if WORLD.Get_rank() == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    port = WORLD.bcast(port)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=WORLD.Get_rank(), world_size=WORLD.Get_size())
+    return torch, dist
+
+
+def measure(size_bytes, algorithms, gloo):
+    count = size_bytes // 4
+    data = np.random.default_rng(WORLD.Get_rank()).random(count, dtype=np.float32)
+    out = np.empty_like(data)
+    allreducer = runtime.current().allreducer
+    rows = {"raw MPI": median_seconds(lambda: WORLD.Allreduce(data, out, op=MPI.SUM), size_bytes)}
+    rows["hvdplus engine (auto)"] = median_seconds(lambda: hvd.allreduce(data, op=hvd.Sum, name="bench"), size_bytes)
+    rows["direct auto"] = median_seconds(lambda: allreducer.allreduce(data, hvd.Sum), size_bytes)
+    for algorithm in algorithms:
+        rows[f"direct {algorithm}"] = median_seconds(
+            lambda: allreducer.allreduce(data, hvd.Sum, algorithm=algorithm), size_bytes)
+    if gloo is not None:
+        torch, dist = gloo
+        tensor = torch.from_numpy(data.copy())
+        rows["torch gloo"] = median_seconds(lambda: dist.all_reduce(tensor), size_bytes)
+    rows["memcpy (1 core)"] = memcpy_seconds(data)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--min-kib", type=int, default=4)
+    parser.add_argument("--max-kib", type=int, default=256 * 1024)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+
+    hvd.init()
+    size, rank = hvd.size(), hvd.rank()
+    allreducer = runtime.current().allreducer
+    algorithms = ["mpi", "ring", "hierarchical"] + (["shm"] if allreducer.single_node and size > 1 else [])
+    gloo = gloo_group()
+    factor = 2 * (size - 1) / size if size > 1 else 1.0
+    table = []
+    sizes = []
+    current = args.min_kib * 1024
+    while current <= args.max_kib * 1024:
+        sizes.append(current)
+        current *= 4
+    for size_bytes in sizes:
+        rows = measure(size_bytes, algorithms, gloo)
+        for method, seconds in rows.items():
+            algbw = size_bytes / seconds / 1e9
+            busbw = algbw * (factor if method != "memcpy (1 core)" else 1.0)
+            table.append({"bytes": size_bytes, "method": method, "seconds": seconds,
+                          "algbw_GBps": algbw, "busbw_GBps": busbw,
+                          "ratio_to_raw_mpi": rows["raw MPI"] / seconds if method != "memcpy (1 core)" else float("nan")})
+        if rank == 0:
+            print(f"\n{size_bytes / 1024:>10.0f} KiB float32, {size} ranks")
+            print(f"  {'method':24s} {'time us':>11s} {'algbw GB/s':>11s} {'busbw GB/s':>11s} {'x raw MPI':>10s}")
+            for row in table[-len(rows):]:
+                ratio = "" if row["method"].startswith("memcpy") else f"{row['ratio_to_raw_mpi']:10.2f}"
+                print(f"  {row['method']:24s} {row['seconds'] * 1e6:11.1f} {row['algbw_GBps']:11.3f} "
+                      f"{row['busbw_GBps']:11.3f} {ratio}", flush=True)
+    if rank == 0:
+        write_outputs(table, args.out, size)
+    hvd.shutdown()
+
+
+def write_outputs(table, directory, size):
+    os.makedirs(directory, exist_ok=True)
+    stem = os.path.join(directory, f"collectives_np{size}")
+    with open(stem + ".csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"wrote {stem}.csv (install matplotlib for the plot)")
+        return
+    figure, axis = plt.subplots(figsize=(9, 5.5))
+    for method in dict.fromkeys(row["method"] for row in table):
+        points = [(row["bytes"], row["busbw_GBps"]) for row in table if row["method"] == method]
+        style = "--" if method.startswith(("raw", "torch", "memcpy")) else "-"
+        axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=method)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("message size (bytes, float32)")
+    axis.set_ylabel("bus bandwidth (GB/s)")
+    axis.set_title(f"all-reduce, {size} ranks, {platform.node()} ({os.cpu_count()} cores)")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(stem + ".png", dpi=110)
+    print(f"wrote {stem}.csv and {stem}.png")
+
+
+if __name__ == "__main__":
+    main()

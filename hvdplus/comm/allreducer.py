@@ -1,0 +1,124 @@
+"""Which all-reduce algorithm runs a given buffer, and running it.
+
+`HVDPLUS_ALLREDUCE_ALGO` (launcher `--allreduce-algo`, or `--hierarchical-allreduce`) picks
+one of:
+
+- `mpi`: the MPI library's `MPI_Allreduce`;
+- `ring`: hvdplus' ring (reduce-scatter then all-gather over point-to-point messages);
+- `shm`: hvdplus' shared-memory all-reduce; all ranks must share one node;
+- `hierarchical`: inside each node, then across nodes, then inside each node again;
+- `auto` (default): by size and topology, from crossover points measured by
+  benchmarks/collectives.py on a 2-core VM: `MPI_Allreduce` below `SMALL_BYTES`, where its
+  latency wins; above it, `shm` when all ranks share a node, else `hierarchical`.
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from ..common.dtypes import accumulation_dtype
+from ..common.reduce_ops import ReduceOp
+from . import mpi_collectives
+from .hierarchical import hierarchical_allreduce
+from .output_pool import OutputPool
+from .ring import ring_allreduce
+from .shm import SharedWindow
+
+__all__ = ["Allreducer", "SMALL_BYTES"]
+
+_AVERAGE = ReduceOp.AVERAGE  # a module constant: enum attribute lookups are slow
+
+# Below this many bytes MPI_Allreduce's latency beats every algorithm of ours.
+SMALL_BYTES = 64 * 1024
+
+
+def _mpi_allreduce(comm, flat, op):
+    if comm.Get_size() > 1 and flat.size:
+        comm.Allreduce(MPI.IN_PLACE, flat, op=mpi_collectives.MPI_OPS[op])
+
+
+class Allreducer:
+    """Built once per `init()`: owns the node's shared window when one is useful."""
+
+    def __init__(self, topology, algorithm: str = "auto"):
+        self.topology = topology
+        self.comm = topology.comm
+        self.size = topology.size
+        self.single_node = topology.local_comm.Get_size() == self.size
+        if algorithm == "shm" and not self.single_node:
+            raise ValueError(
+                "HVDPLUS_ALLREDUCE_ALGO=shm needs every rank on one node; "
+                "use hierarchical (shared memory inside each node) instead"
+            )
+        self.algorithm = algorithm
+        local_size = topology.local_comm.Get_size()
+        self.window = SharedWindow(topology.local_comm) if local_size > 1 else None
+        self.outputs = OutputPool()
+
+    def free(self) -> None:
+        self.outputs.clear()
+        if self.window is not None:
+            self.window.free()
+            self.window = None
+
+    def choose(self, nbytes: int) -> str:
+        """The algorithm for a buffer of `nbytes` (the configured one unless it is auto)."""
+        if self.algorithm != "auto":
+            return self.algorithm
+        if nbytes < SMALL_BYTES or self.size == 1:
+            return "mpi"
+        return "shm" if self.single_node else "hierarchical"
+
+    def reduce(self, source: np.ndarray, op: ReduceOp, output: np.ndarray = None, algorithm=None) -> np.ndarray:
+        """Elementwise `op` of every rank's flat `source` into `output` (default: in place).
+
+        Buffers are C-contiguous, 1-d and in their accumulation dtype; Average reduces as a
+        sum (the caller divides). Returns `output`."""
+        output = source if output is None else output
+        if self.size == 1:
+            if output is not source:
+                output[...] = source
+            return output
+        algorithm = algorithm or self.choose(source.nbytes)
+        if algorithm == "shm":
+            return self.window.allreduce(source, op, output)
+        if algorithm == "mpi" and output is not source:
+            self.comm.Allreduce(source, output, op=mpi_collectives.MPI_OPS[op])
+            return output
+        if output is not source:
+            output[...] = source
+        if algorithm == "mpi":
+            _mpi_allreduce(self.comm, output, op)
+        elif algorithm == "ring":
+            ring_allreduce(self.comm, output, op)
+        elif algorithm == "hierarchical":
+            cross = ring_allreduce if self.topology.cross_comm.Get_size() > 2 else _mpi_allreduce
+            hierarchical_allreduce(self.topology, output, op, cross)
+        else:
+            raise ValueError(f"unknown all-reduce algorithm {algorithm!r}")
+        return output
+
+    def allreduce(self, array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, algorithm=None):
+        """All-reduce a numpy array into a new one, with Horovod's scaling semantics:
+        `postscale * reduce(prescale * array)`, Average dividing by size().
+
+        The communication layer called directly: no engine, no cross-rank checks. Written
+        tightly because at 4 KiB every microsecond of Python shows beside MPI's latency."""
+        accumulate = accumulation_dtype(array.dtype)
+        flat = array.reshape(-1)
+        if accumulate == array.dtype and prescale_factor == 1.0 and flat.flags.c_contiguous:
+            output = self.reduce(flat, op, self.outputs.empty(flat.shape, accumulate), algorithm)
+        else:
+            flat = flat.astype(accumulate)
+            if prescale_factor != 1.0:
+                flat *= prescale_factor
+            output = self.reduce(flat, op, algorithm=algorithm)
+        if op == _AVERAGE or postscale_factor != 1.0:
+            mpi_collectives.finish_reduction(output, op, postscale_factor, self.size)
+        return output.reshape(array.shape).astype(array.dtype, copy=False)
+
+    def allreduce_in_place(self, flat, op, prescale_factor=1.0, postscale_factor=1.0, algorithm=None) -> None:
+        """All-reduce the flat accumulation-dtype buffer `flat` in place, scaling included."""
+        if prescale_factor != 1.0:
+            flat *= prescale_factor
+        self.reduce(flat, op, algorithm=algorithm)
+        mpi_collectives.finish_reduction(flat, op, postscale_factor, self.size)

@@ -1,0 +1,24 @@
+"""Elementwise reduction of numpy buffers, shared by every all-reduce algorithm of hvdplus.
+
+Algorithms reduce flat, C-contiguous buffers that are already in their accumulation dtype
+(see `hvdplus.common.dtypes`); Average is reduced as a sum and divided afterwards.
+"""
+
+import numpy as np
+
+from ..common.reduce_ops import ReduceOp
+
+__all__ = ["UFUNCS", "combine"]
+
+UFUNCS = {
+    ReduceOp.AVERAGE: np.add,
+    ReduceOp.SUM: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
+
+
+def combine(op: ReduceOp, into: np.ndarray, other: np.ndarray) -> None:
+    """into = op(into, other), in place, without a temporary."""
+    UFUNCS[op](into, other, out=into)

@@ -1,0 +1,161 @@
+"""The all-reduce algorithms (ring, hierarchical) against numpy, on any number of ranks.
+
+Runs on 1, 2 and 3 ranks, and with HVDPLUS_RANKS_PER_NODE=2 on 3, 4 and 6 ranks so the
+hierarchical algorithm meets homogeneous (2x2, 3x2) and uneven (2+1) nodes. Buffers are
+in their accumulation dtype, as the algorithms expect, and Average is expected as a sum.
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hvdplus as hvd
+from conftest import rank_values
+from hvdplus.comm.hierarchical import hierarchical_allreduce
+from hvdplus.comm.mpi_collectives import MPI_OPS
+from hvdplus.comm.reduction import UFUNCS
+from hvdplus.comm.ring import ring_allgather, ring_allreduce, ring_reducescatter
+from hvdplus.comm.shm import SharedWindow
+from hvdplus.common.runtime import current
+
+DTYPES = ["float32", "float64", "int8", "int32", "int64", "uint8"]
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+COUNTS = {
+    "empty": lambda size: 0,
+    "one": lambda size: 1,
+    "fewer-than-ranks": lambda size: size - 1,
+    "prime": lambda size: 1009,
+}
+LARGE_COUNT = (64 << 20) // 4 + 3  # float32 elements: just over 64 MiB, not divisible by any ring.
+
+
+def mpi_allreduce(comm, flat, op):
+    """The MPI library's all-reduce, as a cross-node algorithm for the hierarchical one."""
+    if flat.size:
+        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI_OPS[op])
+
+
+def run_ring(flat, op):
+    ring_allreduce(current().topology.comm, flat, op)
+
+
+def run_ring_in_tiny_pieces(flat, op):
+    # Pieces of 24 bytes: many per segment, so the receive window wraps around many times.
+    ring_allreduce(current().topology.comm, flat, op, piece_bytes=24)
+
+
+def run_hierarchical_over_ring(flat, op):
+    hierarchical_allreduce(current().topology, flat, op, ring_allreduce)
+
+
+def run_hierarchical_over_mpi(flat, op):
+    hierarchical_allreduce(current().topology, flat, op, mpi_allreduce)
+
+
+# A second window whose chunks hold 40 bytes: many chunks per buffer, so the double
+# buffering of segments is exercised. Created while every rank imports this module.
+TINY_CHUNK_WINDOW = SharedWindow(current().topology.local_comm, chunk_bytes=40)
+
+
+def run_shm(flat, op):
+    current().allreducer.reduce(flat, op, algorithm="shm")
+
+
+def run_shm_in_tiny_chunks(flat, op):
+    TINY_CHUNK_WINDOW.allreduce(flat, op)
+
+
+def run_shm_into_another_buffer(flat, op):
+    output = np.full_like(flat, 7)
+    TINY_CHUNK_WINDOW.allreduce(flat.copy(), op, output)
+    flat[...] = output
+
+
+ALGORITHMS = {
+    "ring": run_ring,
+    "ring-tiny-pieces": run_ring_in_tiny_pieces,
+    "hierarchical-ring": run_hierarchical_over_ring,
+    "hierarchical-mpi": run_hierarchical_over_mpi,
+}
+if current().allreducer.single_node:
+    # Shared memory reduces within a node only: with simulated nodes it is part of hierarchical.
+    ALGORITHMS.update({"shm": run_shm, "shm-tiny-chunks": run_shm_in_tiny_chunks,
+                       "shm-out-of-place": run_shm_into_another_buffer})
+
+
+def expected_reduction(dtype, count, seed, op, size, low, high):
+    """What every rank should hold: numpy's reduction of every rank's data, in `dtype`
+    (integer sums and products wrap around exactly as the algorithms' do)."""
+    result = rank_values(dtype, (count,), 0, seed, low, high)
+    for other in range(1, size):
+        UFUNCS[op](result, rank_values(dtype, (count,), other, seed, low, high), out=result)
+    return result
+
+
+def assert_reduced(actual, expected):
+    if actual.dtype.kind in "iu":
+        np.testing.assert_array_equal(actual, expected)
+    else:
+        tol = TOLERANCE[actual.dtype.name]
+        np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("count_name", list(COUNTS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", list(hvd.ReduceOp), ids=lambda op: op.label)
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_allreduce_matches_numpy(algorithm, op, dtype, count_name, rank, size):
+    count = COUNTS[count_name](size)
+    # Products of many values leave float and integer ranges alike: keep factors near one.
+    low, high = (0.5, 1.5) if op == hvd.Product and dtype.startswith("float") else (-3, 3)
+    flat = rank_values(dtype, (count,), rank, 21, low, high)
+    ALGORITHMS[algorithm](flat, op)
+    assert_reduced(flat, expected_reduction(dtype, count, 21, op, size, low, high))
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "hierarchical-ring", "hierarchical-mpi"] + (
+    ["shm"] if current().allreducer.single_node else []))
+def test_large_float32_sum(algorithm, rank, size):
+    # Whole numbers below 2**24 add up exactly in float32, in any order, so the result is
+    # checked bit for bit; the pattern's period is prime so a misplaced piece shows.
+    pattern = (np.arange(LARGE_COUNT, dtype=np.int32) % 1021).astype(np.float32)
+    flat = pattern * np.float32(rank + 1)
+    ALGORITHMS[algorithm](flat, hvd.Sum)
+    pattern *= np.float32(size * (size + 1) // 2)
+    assert np.array_equal(flat, pattern)
+
+
+@pytest.mark.parametrize("count_name", list(COUNTS))
+def test_ring_reducescatter_then_allgather(count_name, rank, size):
+    comm = current().topology.comm
+    count = COUNTS[count_name](size)
+    # Uneven segments, the last rank's the largest, some empty when count < size.
+    counts = [count // size] * size
+    counts[-1] += count - sum(counts)
+    flat = rank_values("int64", (count,), rank, 22)
+    expected = expected_reduction("int64", count, 22, hvd.Max, size, -3, 3)
+    start = sum(counts[:rank])
+    mine = ring_reducescatter(comm, flat, hvd.Max, counts)
+    np.testing.assert_array_equal(mine, expected[start:start + counts[rank]])
+    ring_allgather(comm, flat, counts)
+    np.testing.assert_array_equal(flat, expected)
+
+
+@pytest.mark.parametrize("algorithm", ["mpi", "ring", "hierarchical", "auto"] + (
+    ["shm"] if current().allreducer.single_node else []))
+@pytest.mark.parametrize("dtype", ["float16", "float32", "int32"])
+def test_direct_allreduce_with_scaling_and_dtypes(algorithm, dtype, rank, size):
+    """The communication layer called without the engine: Horovod's scaling semantics."""
+    data = rank_values(dtype, (5, 7), rank, 61)
+    stack = np.stack([rank_values(dtype, (5, 7), r, 61).astype(np.float64) for r in range(size)])
+    allreducer = current().allreducer
+    pick = None if algorithm == "auto" else algorithm
+    if dtype == "int32":
+        result = allreducer.allreduce(data, hvd.Sum, algorithm=pick)
+        np.testing.assert_array_equal(result, stack.sum(0).astype(np.int32))
+    else:
+        result = allreducer.allreduce(data, hvd.Average, 0.5, 3.0, algorithm=pick)
+        tol = 1e-2 if dtype == "float16" else 1e-5
+        np.testing.assert_allclose(result.astype(np.float64), 1.5 * stack.mean(0), rtol=tol, atol=tol)
+    assert result.dtype == np.dtype(dtype) and result.shape == (5, 7)
+    np.testing.assert_array_equal(data, rank_values(dtype, (5, 7), rank, 61))  # input untouched
