@@ -77,17 +77,17 @@ def gloo_group():
     return torch, dist
 
 
-def measure(size_bytes, algorithms, gloo):
+def measure(size_bytes, algorithm_names, gloo):
     count = size_bytes // 4
     data = np.random.default_rng(WORLD.Get_rank()).random(count, dtype=np.float32)
     out = np.empty_like(data)
-    allreducer = runtime.current().allreducer
+    layer = runtime.current().algorithms
     rows = {"raw MPI": median_seconds(lambda: WORLD.Allreduce(data, out, op=MPI.SUM), size_bytes)}
     rows["hvdplus engine (auto)"] = median_seconds(lambda: hvd.allreduce(data, op=hvd.Sum, name="bench"), size_bytes)
-    rows["direct auto"] = median_seconds(lambda: allreducer.allreduce(data, hvd.Sum), size_bytes)
-    for algorithm in algorithms:
+    rows["direct auto"] = median_seconds(lambda: layer.allreduce(data, hvd.Sum), size_bytes)
+    for algorithm in algorithm_names:
         rows[f"direct {algorithm}"] = median_seconds(
-            lambda: allreducer.allreduce(data, hvd.Sum, algorithm=algorithm), size_bytes)
+            lambda: layer.allreduce(data, hvd.Sum, algorithm=algorithm), size_bytes)
     if gloo is not None:
         torch, dist = gloo
         tensor = torch.from_numpy(data.copy())
@@ -105,8 +105,8 @@ def main():
 
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
-    allreducer = runtime.current().allreducer
-    algorithms = ["mpi", "ring", "hierarchical"] + (["shm"] if allreducer.single_node and size > 1 else [])
+    single_node = runtime.current().algorithms.single_node
+    algorithm_names = ["mpi", "ring", "hierarchical"] + (["shm"] if single_node and size > 1 else [])
     gloo = gloo_group()
     factor = 2 * (size - 1) / size if size > 1 else 1.0
     table = []
@@ -116,7 +116,7 @@ def main():
         sizes.append(current)
         current *= 4
     for size_bytes in sizes:
-        rows = measure(size_bytes, algorithms, gloo)
+        rows = measure(size_bytes, algorithm_names, gloo)
         for method, seconds in rows.items():
             algbw = size_bytes / seconds / 1e9
             busbw = algbw * (factor if method != "memcpy (1 core)" else 1.0)

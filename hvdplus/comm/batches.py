@@ -25,14 +25,14 @@ def _zeros_to_reduce(request) -> np.ndarray:
     return np.zeros(request.agree["shapes"], dtype=accumulation_dtype(request.agree["dtypes"]))
 
 
-def fused_allreduce(allreducer, batch, payloads, fusion_buffer, timeline=None):
+def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
     """All-reduce every tensor of `batch` with one collective over a packed buffer."""
     agree = batch.requests[0].agree
     scaling = (agree["reduce ops"], agree["prescale factors"], agree["postscale factors"])
     if len(payloads) == 1 and payloads[0] is not None:
         # Nothing to fuse: reduce straight from the caller's array, saving two copies.
         start = now_us()
-        result = allreducer.allreduce(payloads[0], *scaling)
+        result = algorithms.allreduce(payloads[0], *scaling)
         if timeline is not None:
             timeline.span(batch.names[0], "ALLREDUCE", start, now_us(), bytes=int(result.nbytes))
         return [result]
@@ -44,7 +44,7 @@ def fused_allreduce(allreducer, batch, payloads, fusion_buffer, timeline=None):
         flat[offset:offset + count] = 0 if payload is None else payload.reshape(-1)
         offset += count
     packed = now_us()
-    allreducer.allreduce_in_place(flat, *scaling)
+    algorithms.allreduce_in_place(flat, *scaling)
     reduced = now_us()
     results, offset = [], 0
     for payload, count, request in zip(payloads, counts, batch.requests):
@@ -60,20 +60,20 @@ def fused_allreduce(allreducer, batch, payloads, fusion_buffer, timeline=None):
     return results
 
 
-def _single(comm, batch, payload):
+def _single(comm, algorithms, batch, payload):
     request = batch.requests[0]
     agree = request.agree
     kind = batch.kind
     if kind == "allgather":
         data = payload if payload is not None else _placeholder_bytes(agree["dtypes"], (0,) + tuple(agree["trailing dimensions"]))
-        return mpi_collectives.allgather(comm, data, batch.per_rank)
+        return algorithms.allgather(data, batch.per_rank)
     if kind == "broadcast":
         data = payload if payload is not None else _placeholder_bytes(agree["dtypes"], agree["shapes"])
         return mpi_collectives.broadcast(comm, data, agree["root ranks"])
     if kind == "reducescatter":
         data = payload if payload is not None else _zeros_to_reduce(request)
-        return mpi_collectives.reducescatter(
-            comm, data, agree["reduce ops"], agree["prescale factors"], agree["postscale factors"]
+        return algorithms.reducescatter(
+            data, agree["reduce ops"], agree["prescale factors"], agree["postscale factors"]
         )
     if kind == "alltoall":
         me = comm.Get_rank()
@@ -89,12 +89,12 @@ def _single(comm, batch, payload):
     raise ValueError(f"unknown collective kind {kind!r}")
 
 
-def execute_batch(comm, allreducer, batch, payloads, fusion_buffer, timeline=None):
+def execute_batch(comm, algorithms, batch, payloads, fusion_buffer, timeline=None):
     """Run `batch` on `comm`; return one result per name (None where this rank has joined)."""
     if batch.kind == "allreduce":
-        return fused_allreduce(allreducer, batch, payloads, fusion_buffer, timeline)
+        return fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline)
     start = now_us()
-    result = _single(comm, batch, payloads[0])
+    result = _single(comm, algorithms, batch, payloads[0])
     if timeline is not None:
         timeline.span(batch.names[0], batch.kind.upper(), start, now_us())
     return [result if payloads[0] is not None else None]

@@ -53,6 +53,29 @@ class SharedWindow:
             views = self._views[dtype] = [np.frombuffer(seg, dtype=dtype, count=count) for seg in self._segments]
         return views
 
+    def _chunks(self, total: int, itemsize: int):
+        """(segment offset, start, stop) of each chunk of a `total`-element buffer; chunks
+        alternate between the two halves of the segments."""
+        chunk = self.chunk_bytes // itemsize
+        for index, start in enumerate(range(0, total, chunk)):
+            yield (index % 2) * chunk, start, min(start + chunk, total)
+
+    def _share_then_reduce(self, segments, data, base, bounds, op, into) -> None:
+        """Steps 1 and 2 for one chunk: publish this rank's data for the others' ranges
+        (`bounds[p]:bounds[p + 1]` of `data` is rank p's), then reduce this rank's range into `into`."""
+        me = self.rank
+        mine = segments[me]
+        others = [p for p in range(self.size) if p != me]
+        for peer in others:
+            lo, hi = bounds[peer], bounds[peer + 1]
+            mine[base + lo:base + hi] = data[lo:hi]
+        self.comm.Barrier()
+        lo, hi = bounds[me], bounds[me + 1]
+        ufunc = UFUNCS[op]
+        ufunc(data[lo:hi], segments[others[0]][base + lo:base + hi], out=into)
+        for peer in others[1:]:
+            ufunc(into, segments[peer][base + lo:base + hi], out=into)
+
     def allreduce(self, source: np.ndarray, op, output: np.ndarray = None) -> np.ndarray:
         """Reduce the node's `source` buffers elementwise into `output` (default: in place).
 
@@ -63,30 +86,55 @@ class SharedWindow:
             if output is not source:
                 output[...] = source
             return output
-        ufunc = UFUNCS[op]
         segments = self.segments(source.dtype)
-        mine = segments[self.rank]
-        chunk = self.chunk_bytes // source.itemsize
-        n, me = self.size, self.rank
-        others = [p for p in range(n) if p != me]
-        for index, start in enumerate(range(0, source.size, chunk)):
-            data = source[start:start + chunk]
-            result_chunk = output[start:start + chunk]
-            base = (index % 2) * chunk
-            bounds = [data.size * p // n for p in range(n + 1)]
-            for peer in others:
-                lo, hi = bounds[peer], bounds[peer + 1]
-                mine[base + lo:base + hi] = data[lo:hi]
+        n = self.size
+        for base, start, stop in self._chunks(source.size, source.itemsize):
+            length = stop - start
+            bounds = [length * p // n for p in range(n + 1)]
+            lo, hi = bounds[self.rank], bounds[self.rank + 1]
+            reduced = segments[self.rank][base + lo:base + hi]
+            self._share_then_reduce(segments, source[start:stop], base, bounds, op, reduced)
             self.comm.Barrier()
-            lo, hi = bounds[me], bounds[me + 1]
-            reduced = mine[base + lo:base + hi]
-            ufunc(data[lo:hi], segments[others[0]][base + lo:base + hi], out=reduced)
-            for peer in others[1:]:
-                ufunc(reduced, segments[peer][base + lo:base + hi], out=reduced)
-            self.comm.Barrier()
+            result = output[start:stop]
             for peer in range(n):
                 lo, hi = bounds[peer], bounds[peer + 1]
-                result_chunk[lo:hi] = segments[peer][base + lo:base + hi]
+                result[lo:hi] = segments[peer][base + lo:base + hi]
         # The next call's first chunk reuses this call's buffer half only after this barrier.
+        self.comm.Barrier()
+        return output
+
+    def reducescatter(self, source: np.ndarray, op, offsets, output: np.ndarray) -> np.ndarray:
+        """Reduce the node's flat `source` buffers; rank p keeps elements
+        `offsets[p]:offsets[p + 1]`, written into this rank's `output`."""
+        n, me = self.size, self.rank
+        segments = self.segments(source.dtype)
+        for base, start, stop in self._chunks(source.size, source.itemsize):
+            bounds = [min(max(offset - start, 0), stop - start) for offset in offsets]
+            into = output[start + bounds[me] - offsets[me]:start + bounds[me + 1] - offsets[me]]
+            if n == 1:
+                into[...] = source[start:stop]
+                continue
+            # No second barrier: a segment half is rewritten two chunks later, after the next
+            # chunk's barrier, which every rank reaches only once done reading this one.
+            self._share_then_reduce(segments, source[start:stop], base, bounds, op, into)
+        self.comm.Barrier()
+        return output
+
+    def allgather(self, block: np.ndarray, offsets, output: np.ndarray) -> np.ndarray:
+        """Every rank's flat `block` into `output`, rank p's at `offsets[p]:offsets[p + 1]`
+        (uint8 views carry any dtype)."""
+        segments = self.segments(block.dtype)
+        chunk = self.chunk_bytes // block.itemsize
+        longest = max(offsets[p + 1] - offsets[p] for p in range(self.size))
+        for index, start in enumerate(range(0, longest, chunk)):
+            base = (index % 2) * chunk
+            piece = block[start:start + chunk]
+            segments[self.rank][base:base + piece.size] = piece
+            self.comm.Barrier()
+            for peer in range(self.size):
+                begin = offsets[peer] + start
+                end = min(begin + chunk, offsets[peer + 1])
+                if end > begin:
+                    output[begin:end] = segments[peer][base:base + end - begin]
         self.comm.Barrier()
         return output

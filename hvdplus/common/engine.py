@@ -56,9 +56,9 @@ class Entry:
 class Engine:
     """Owns the control and data communicators and the thread that drives them."""
 
-    def __init__(self, comm, settings, allreducer):
+    def __init__(self, comm, settings, algorithms):
         self.data_comm = comm
-        self.allreducer = allreducer
+        self.algorithms = algorithms
         self.control_comm = comm.Dup()
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -284,7 +284,7 @@ class Engine:
         payloads = [entry.payload if entry is not None else None for entry in entries]
         if self.timeline is not None:
             self._record_negotiation(batch, entries)
-        results = execute_batch(self.data_comm, self.allreducer, batch, payloads, self._fusion_buffer, self.timeline)
+        results = execute_batch(self.data_comm, self.algorithms, batch, payloads, self._fusion_buffer, self.timeline)
         for entry, result in zip(entries, results):
             if entry is not None:
                 self._complete(entry.name, result)

@@ -26,13 +26,13 @@ class Runtime:
     """Everything `init()` sets up; lives until `shutdown()`."""
 
     def __init__(self, topology, settings: Settings):
-        from ..comm.allreducer import Allreducer
+        from ..comm.algorithms import CollectiveAlgorithms
         from .engine import Engine
 
         self.topology = topology
         self.settings = settings
-        self.allreducer = Allreducer(topology, settings.allreduce_algorithm)
-        self.engine = Engine(topology.comm, settings, self.allreducer)
+        self.algorithms = CollectiveAlgorithms(topology, settings.allreduce_algorithm)
+        self.engine = Engine(topology.comm, settings, self.algorithms)
         self._name_counters = {}
 
     def name_for(self, kind: str, name: Optional[str]) -> str:
@@ -134,7 +134,7 @@ def shutdown() -> None:
     if _previous_excepthook is not None:
         sys.excepthook, _previous_excepthook = _previous_excepthook, None
     runtime.engine.stop()
-    runtime.allreducer.free()
+    runtime.algorithms.free()
     runtime.topology.free()
 
 

@@ -89,6 +89,8 @@ def launch(args: argparse.Namespace) -> int:
     mpirun = find_mpirun(default_search_dirs(), os.environ.get(MPIRUN_ENV))
     dialect = dialect_for(identify_mpi(mpirun))
     env = dict(os.environ, **tuning_environment(args))
+    # hvdplus' shared window is Open MPI's osc/sm; osc/ucx would only print a failed query.
+    env.setdefault("OMPI_MCA_osc", "^ucx")
     output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
     if output_dir:
         os.makedirs(output_dir, exist_ok=True)

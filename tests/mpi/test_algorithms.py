@@ -58,7 +58,7 @@ TINY_CHUNK_WINDOW = SharedWindow(current().topology.local_comm, chunk_bytes=40)
 
 
 def run_shm(flat, op):
-    current().allreducer.reduce(flat, op, algorithm="shm")
+    current().algorithms.reduce(flat, op, algorithm="shm")
 
 
 def run_shm_in_tiny_chunks(flat, op):
@@ -77,7 +77,7 @@ ALGORITHMS = {
     "hierarchical-ring": run_hierarchical_over_ring,
     "hierarchical-mpi": run_hierarchical_over_mpi,
 }
-if current().allreducer.single_node:
+if current().algorithms.single_node:
     # Shared memory reduces within a node only: with simulated nodes it is part of hierarchical.
     ALGORITHMS.update({"shm": run_shm, "shm-tiny-chunks": run_shm_in_tiny_chunks,
                        "shm-out-of-place": run_shm_into_another_buffer})
@@ -114,7 +114,7 @@ def test_allreduce_matches_numpy(algorithm, op, dtype, count_name, rank, size):
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "hierarchical-ring", "hierarchical-mpi"] + (
-    ["shm"] if current().allreducer.single_node else []))
+    ["shm"] if current().algorithms.single_node else []))
 def test_large_float32_sum(algorithm, rank, size):
     # Whole numbers below 2**24 add up exactly in float32, in any order, so the result is
     # checked bit for bit; the pattern's period is prime so a misplaced piece shows.
@@ -142,20 +142,74 @@ def test_ring_reducescatter_then_allgather(count_name, rank, size):
 
 
 @pytest.mark.parametrize("algorithm", ["mpi", "ring", "hierarchical", "auto"] + (
-    ["shm"] if current().allreducer.single_node else []))
+    ["shm"] if current().algorithms.single_node else []))
 @pytest.mark.parametrize("dtype", ["float16", "float32", "int32"])
 def test_direct_allreduce_with_scaling_and_dtypes(algorithm, dtype, rank, size):
     """The communication layer called without the engine: Horovod's scaling semantics."""
     data = rank_values(dtype, (5, 7), rank, 61)
     stack = np.stack([rank_values(dtype, (5, 7), r, 61).astype(np.float64) for r in range(size)])
-    allreducer = current().allreducer
+    algorithms = current().algorithms
     pick = None if algorithm == "auto" else algorithm
     if dtype == "int32":
-        result = allreducer.allreduce(data, hvd.Sum, algorithm=pick)
+        result = algorithms.allreduce(data, hvd.Sum, algorithm=pick)
         np.testing.assert_array_equal(result, stack.sum(0).astype(np.int32))
     else:
-        result = allreducer.allreduce(data, hvd.Average, 0.5, 3.0, algorithm=pick)
+        result = algorithms.allreduce(data, hvd.Average, 0.5, 3.0, algorithm=pick)
         tol = 1e-2 if dtype == "float16" else 1e-5
         np.testing.assert_allclose(result.astype(np.float64), 1.5 * stack.mean(0), rtol=tol, atol=tol)
     assert result.dtype == np.dtype(dtype) and result.shape == (5, 7)
     np.testing.assert_array_equal(data, rank_values(dtype, (5, 7), rank, 61))  # input untouched
+
+
+SINGLE_NODE = current().algorithms.single_node
+
+
+@pytest.mark.skipif(not SINGLE_NODE, reason="the shared window spans one node")
+@pytest.mark.parametrize("window_name", ["default", "tiny-chunks"])
+@pytest.mark.parametrize("count_name", list(COUNTS))
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Max, hvd.Product])
+def test_shm_reducescatter_with_uneven_ranges(window_name, count_name, op, rank, size):
+    window = TINY_CHUNK_WINDOW if window_name == "tiny-chunks" else current().algorithms.window
+    if window is None:
+        pytest.skip("one rank has no window")
+    count = COUNTS[count_name](size)
+    # Uneven ranges, the first rank's the largest, some empty when count < size.
+    offsets = [0] + [count - (count * (size - p)) // (size + 1) for p in range(1, size)] + [count]
+    source = rank_values("int32", (count,), rank, 71)
+    expected = expected_reduction("int32", count, 71, op, size, -3, 3)
+    output = np.full(offsets[rank + 1] - offsets[rank], -99, dtype=np.int32)
+    window.reducescatter(source, op, offsets, output)
+    np.testing.assert_array_equal(output, expected[offsets[rank]:offsets[rank + 1]])
+
+
+@pytest.mark.skipif(not SINGLE_NODE, reason="the shared window spans one node")
+@pytest.mark.parametrize("window_name", ["default", "tiny-chunks"])
+def test_shm_allgather_with_uneven_blocks(window_name, rank, size):
+    window = TINY_CHUNK_WINDOW if window_name == "tiny-chunks" else current().algorithms.window
+    if window is None:
+        pytest.skip("one rank has no window")
+    lengths = [0 if p == 1 else 37 * (p + 1) for p in range(size)]
+    offsets = list(np.concatenate(([0], np.cumsum(lengths))))
+    blocks = [rank_values("uint8", (lengths[p],), p, 72, 0, 255) for p in range(size)]
+    output = np.zeros(offsets[-1], dtype=np.uint8)
+    window.allgather(blocks[rank], offsets, output)
+    np.testing.assert_array_equal(output, np.concatenate(blocks))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
+def test_large_reducescatter_and_allgather_through_the_chosen_path(dtype, rank, size):
+    """Big enough for the shared window on one node (MPI elsewhere); must equal numpy."""
+    layer = current().algorithms
+    rows = 5003  # prime: blocks of rows differ in size across ranks
+    data = rank_values(dtype, (rows, 16), rank, 73)
+    stack = np.stack([rank_values(dtype, (rows, 16), r, 73).astype(np.float64) for r in range(size)])
+    mine = layer.reducescatter(data, hvd.Sum)
+    base, extra = divmod(rows, size)
+    start = rank * base + min(rank, extra)
+    expected = stack.sum(0)[start:start + base + (rank < extra)]
+    tol = 1e-2 if dtype == "float16" else 1e-6
+    np.testing.assert_allclose(mine.astype(np.float64), expected, rtol=tol, atol=tol)
+    assert mine.dtype == np.dtype(dtype)
+    first_dims = [rows - r for r in range(size)]
+    pieces = [rank_values(dtype, (first_dims[r], 16), r, 74) for r in range(size)]
+    np.testing.assert_array_equal(layer.allgather(pieces[rank], first_dims), np.concatenate(pieces))
