@@ -155,6 +155,7 @@ def write_outputs(table, directory, size):
         style = "--" if method.startswith(("raw", "torch", "memcpy")) else "-"
         axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=method)
     axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
     axis.set_xlabel("message size (bytes, float32)")
     axis.set_ylabel("bus bandwidth (GB/s)")
     axis.set_title(f"all-reduce, {size} ranks, {platform.node()} ({os.cpu_count()} cores)")
