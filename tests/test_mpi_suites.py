@@ -33,10 +33,11 @@ def test_collectives_with_tiny_fusion_buffer_and_no_response_cache():
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "nranks, ranks_per_node",
-    [(4, 2), (3, 2), (6, 2), (3, 1)],
-    ids=["2x2-nodes", "2+1-uneven-nodes", "3x2-nodes", "3x1-nodes"],
+    [(4, 0), (4, 2), (3, 2), (6, 2), (3, 1)],
+    ids=["4-ranks-one-node", "2x2-nodes", "2+1-uneven-nodes", "3x2-nodes", "3x1-nodes"],
 )
 def test_algorithms_with_simulated_nodes(nranks, ranks_per_node):
+    # 0 means no simulation: every rank on this machine's one node.
     run_pytest_on_ranks(
         nranks, ["tests/mpi/test_algorithms.py"], env={"HVDPLUS_RANKS_PER_NODE": str(ranks_per_node)}
     )
