@@ -44,6 +44,11 @@ def _mpi_allreduce(comm, flat, op):
         comm.Allreduce(MPI.IN_PLACE, flat, op=mpi_collectives.MPI_OPS[op])
 
 
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays start at the same address (cheaper than np.shares_memory)."""
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+
+
 class CollectiveAlgorithms:
     """Built once per `init()`: owns the node's shared window when one is useful."""
 
@@ -105,24 +110,37 @@ class CollectiveAlgorithms:
             raise ValueError(f"unknown all-reduce algorithm {algorithm!r}")
         return output
 
-    def allreduce(self, array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, algorithm=None):
-        """All-reduce a numpy array into a new one, with Horovod's scaling semantics:
+    def allreduce(self, array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
+                  algorithm=None, output=None):
+        """All-reduce a numpy array with Horovod's scaling semantics:
         `postscale * reduce(prescale * array)`, Average dividing by size().
+
+        Args:
+            output: a C-contiguous array of `array`'s shape and dtype that receives the
+                result (it may be `array` itself: an in-place all-reduce); None for a new array.
 
         The communication layer called directly: no engine, no cross-rank checks. Written
         tightly because at 4 KiB every microsecond of Python shows beside MPI's latency."""
         accumulate = accumulation_dtype(array.dtype)
         flat = array.reshape(-1)
         if accumulate == array.dtype and prescale_factor == 1.0 and flat.flags.c_contiguous:
-            output = self.reduce(flat, op, self.outputs.empty(flat.shape, accumulate), algorithm)
+            target = self.outputs.empty(flat.shape, accumulate) if output is None else output.reshape(-1)
+            if _same_memory(target, flat):
+                result = self.reduce(flat, op, algorithm=algorithm)
+            else:
+                result = self.reduce(flat, op, target, algorithm)
         else:
-            flat = flat.astype(accumulate)
+            result = flat.astype(accumulate)
             if prescale_factor != 1.0:
-                flat *= prescale_factor
-            output = self.reduce(flat, op, algorithm=algorithm)
+                result *= prescale_factor
+            self.reduce(result, op, algorithm=algorithm)
         if op == _AVERAGE or postscale_factor != 1.0:
-            mpi_collectives.finish_reduction(output, op, postscale_factor, self.size)
-        return output.reshape(array.shape).astype(array.dtype, copy=False)
+            mpi_collectives.finish_reduction(result, op, postscale_factor, self.size)
+        if output is None:
+            return result.reshape(array.shape).astype(array.dtype, copy=False)
+        if not _same_memory(result, output):
+            np.copyto(output, result.reshape(array.shape), casting="unsafe")
+        return output
 
     def allreduce_in_place(self, flat, op, prescale_factor=1.0, postscale_factor=1.0, algorithm=None) -> None:
         """All-reduce the flat accumulation-dtype buffer `flat` in place, scaling included."""

@@ -7,7 +7,8 @@ import numpy as np
 from ..common.dtypes import check_supported, is_integer
 from ..common.reduce_ops import ReduceOp, as_reduce_op
 
-__all__ = ["as_array", "reduction_arguments", "check_root_rank", "check_has_rows", "alltoall_splits"]
+__all__ = ["as_array", "check_output", "reduction_arguments", "check_root_rank", "check_has_rows",
+           "alltoall_splits"]
 
 
 def as_array(value, what: str) -> np.ndarray:
@@ -15,6 +16,19 @@ def as_array(value, what: str) -> np.ndarray:
     array = np.asarray(value)
     check_supported(array.dtype, what)
     return array
+
+
+def check_output(output, data: np.ndarray, what: str) -> None:
+    """An output array must match `data` and be writable in place."""
+    if not isinstance(output, np.ndarray):
+        raise TypeError(f"{what}: output must be a numpy array, got {type(output).__name__}")
+    if output.shape != data.shape or output.dtype != data.dtype:
+        raise ValueError(
+            f"{what}: output has shape {output.shape} and dtype {output.dtype}, "
+            f"expected {data.shape} and {data.dtype}"
+        )
+    if not output.flags.c_contiguous or not output.flags.writeable:
+        raise ValueError(f"{what}: output must be C-contiguous and writeable")
 
 
 def _scale(factor, label: str, what: str) -> float:

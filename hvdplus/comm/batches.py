@@ -26,13 +26,16 @@ def _zeros_to_reduce(request) -> np.ndarray:
 
 
 def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
-    """All-reduce every tensor of `batch` with one collective over a packed buffer."""
+    """All-reduce every tensor of `batch` with one collective over a packed buffer.
+
+    A payload is (array, output or None), or None on a rank that has joined."""
     agree = batch.requests[0].agree
     scaling = (agree["reduce ops"], agree["prescale factors"], agree["postscale factors"])
     if len(payloads) == 1 and payloads[0] is not None:
         # Nothing to fuse: reduce straight from the caller's array, saving two copies.
         start = now_us()
-        result = algorithms.allreduce(payloads[0], *scaling)
+        data, output = payloads[0]
+        result = algorithms.allreduce(data, *scaling, output=output)
         if timeline is not None:
             timeline.span(batch.names[0], "ALLREDUCE", start, now_us(), bytes=int(result.nbytes))
         return [result]
@@ -41,16 +44,22 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
     start = now_us()
     offset = 0
     for payload, count in zip(payloads, counts):
-        flat[offset:offset + count] = 0 if payload is None else payload.reshape(-1)
+        flat[offset:offset + count] = 0 if payload is None else payload[0].reshape(-1)
         offset += count
     packed = now_us()
     algorithms.allreduce_in_place(flat, *scaling)
     reduced = now_us()
     results, offset = [], 0
     for payload, count, request in zip(payloads, counts, batch.requests):
-        piece = flat[offset:offset + count]
-        results.append(None if payload is None else piece.reshape(request.agree["shapes"]).astype(payload.dtype))
+        piece = flat[offset:offset + count].reshape(request.agree["shapes"])
         offset += count
+        if payload is None:
+            results.append(None)
+        elif payload[1] is None:
+            results.append(piece.astype(payload[0].dtype))
+        else:
+            np.copyto(payload[1], piece, casting="unsafe")
+            results.append(payload[1])
     if timeline is not None:
         done = now_us()
         for name in batch.names:

@@ -38,10 +38,12 @@ def _submit(kind: str, name: Optional[str], plan: Callable[[str], Tuple[Request,
     return live.engine.submit(request, payload)
 
 
-def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, group=None):
+def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, group=None, output=None):
     def plan(name):
         what = f"{kind} '{name}'"
         data = arguments.as_array(array, what)
+        if output is not None:
+            arguments.check_output(output, data, what)
         if kind == "reducescatter":
             arguments.check_has_rows(data, what)
         op_, pre, post = arguments.reduction_arguments(data, op, prescale_factor, postscale_factor, what)
@@ -49,7 +51,7 @@ def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, group=No
                  "prescale factors": pre, "postscale factors": post}
         if group is not None:
             agree["groups"] = group
-        return Request(kind, name, agree), data
+        return Request(kind, name, agree), ((data, output) if kind == "allreduce" else data)
 
     return plan
 
@@ -86,29 +88,37 @@ def _alltoall_plan(array, splits):
     return plan
 
 
-def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor):
+def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outputs=None):
     live = runtime.current("grouped_allreduce()")
     arrays = list(arrays)
+    outputs = list(outputs) if outputs is not None else [None] * len(arrays)
     group = live.name_for("grouped_allreduce", name)
     handles = [
         _submit("allreduce", f"{group}.{index}",
-                _reduction_plan("allreduce", array, op, prescale_factor, postscale_factor, (group, len(arrays))))
-        for index, array in enumerate(arrays)
+                _reduction_plan("allreduce", array, op, prescale_factor, postscale_factor,
+                                (group, len(arrays)), output))
+        for index, (array, output) in enumerate(zip(arrays, outputs))
     ]
     return HandleGroup(group, handles)
 
 
-def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
+                    output=None):
     """Start an elementwise reduction of `array` over all ranks; returns a handle.
 
-    Average divides the sum by size(); half types are reduced in float32.
+    Average divides the sum by size(); half types are reduced in float32. With `output`
+    (a C-contiguous, writeable array of the same shape and dtype, possibly `array` itself)
+    the result is written there, and the handle's result is `output`.
     """
-    return _submit("allreduce", name, _reduction_plan("allreduce", array, op, prescale_factor, postscale_factor))
+    plan = _reduction_plan("allreduce", array, op, prescale_factor, postscale_factor, output=output)
+    return _submit("allreduce", name, plan)
 
 
-def grouped_allreduce_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
-    """Start all-reduces of `arrays` that run together, fused; the handle's result is a list."""
-    return _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor)
+def grouped_allreduce_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
+                            outputs=None):
+    """Start all-reduces of `arrays` that run together, fused; the handle's result is a list.
+    `outputs`, when given, holds one output array (as in allreduce_async) per array."""
+    return _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outputs)
 
 
 def reducescatter_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):

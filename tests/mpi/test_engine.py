@@ -120,3 +120,27 @@ def test_join_with_uneven_steps(rank, size):
     last = hvd.join()
     assert last == size - 1
     np.testing.assert_array_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="after_join"), np.full(2, size))
+
+
+@pytest.mark.parametrize("count", [1, 40])  # one tensor alone, or many fused
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
+def test_allreduce_into_output_and_in_place(count, dtype, rank, size):
+    arrays = [rank_values(dtype, (33,), rank, 90 + i) for i in range(count)]
+    expected = [sum(rank_values(dtype, (33,), r, 90 + i).astype(np.float64) for r in range(size))
+                for i in range(count)]
+    handles = [hvd.allreduce_async(a, name=f"inplace/{i}", op=hvd.Sum, output=a) for i, a in enumerate(arrays)]
+    for handle, array, want in zip(handles, arrays, expected):
+        assert hvd.synchronize(handle) is array
+        tol = 1e-2 if dtype == "float16" else 1e-5
+        np.testing.assert_allclose(array.astype(np.float64), want, rtol=tol, atol=tol)
+    target = np.zeros(5)
+    assert hvd.synchronize(hvd.allreduce_async(np.ones(5), name="into", op=hvd.Sum, output=target)) is target
+    np.testing.assert_array_equal(target, np.full(5, size))
+
+
+def test_output_that_does_not_match_is_refused_everywhere(rank):
+    output = np.zeros(4 if rank == 0 else 3)
+    if hvd.size() < 2:
+        pytest.skip("needs two ranks")
+    with pytest.raises(ValueError, match="rank 1: allreduce .bad_output.: output has shape"):
+        hvd.synchronize(hvd.allreduce_async(np.ones(4), name="bad_output", output=output))
