@@ -13,7 +13,10 @@ from ..common.dtypes import accumulation_dtype, itemsize_of
 from ..common.timeline import now_us
 from . import mpi_collectives
 
-__all__ = ["execute_batch"]
+__all__ = ["JOINED", "execute_batch"]
+
+# The payload of a name on a rank that has joined: it has no tensor, only takes part.
+JOINED = object()
 
 
 def _placeholder_bytes(dtype_name: str, shape) -> np.ndarray:
@@ -28,10 +31,10 @@ def _zeros_to_reduce(request) -> np.ndarray:
 def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
     """All-reduce every tensor of `batch` with one collective over a packed buffer.
 
-    A payload is (array, output or None), or None on a rank that has joined."""
+    A payload is (array, output or None), or JOINED on a rank that has joined."""
     agree = batch.requests[0].agree
     scaling = (agree["reduce ops"], agree["prescale factors"], agree["postscale factors"])
-    if len(payloads) == 1 and payloads[0] is not None:
+    if len(payloads) == 1 and payloads[0] is not JOINED:
         # Nothing to fuse: reduce straight from the caller's array, saving two copies.
         start = now_us()
         data, output = payloads[0]
@@ -44,7 +47,7 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
     start = now_us()
     offset = 0
     for payload, count in zip(payloads, counts):
-        flat[offset:offset + count] = 0 if payload is None else payload[0].reshape(-1)
+        flat[offset:offset + count] = 0 if payload is JOINED else payload[0].reshape(-1)
         offset += count
     packed = now_us()
     algorithms.allreduce_in_place(flat, *scaling)
@@ -53,7 +56,7 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
     for payload, count, request in zip(payloads, counts, batch.requests):
         piece = flat[offset:offset + count].reshape(request.agree["shapes"])
         offset += count
-        if payload is None:
+        if payload is JOINED:
             results.append(None)
         elif payload[1] is None:
             results.append(piece.astype(payload[0].dtype))
@@ -74,13 +77,13 @@ def _single(comm, algorithms, batch, payload):
     agree = request.agree
     kind = batch.kind
     if kind == "allgather":
-        data = payload if payload is not None else _placeholder_bytes(agree["dtypes"], (0,) + tuple(agree["trailing dimensions"]))
+        data = payload if payload is not JOINED else _placeholder_bytes(agree["dtypes"], (0,) + tuple(agree["trailing dimensions"]))
         return algorithms.allgather(data, batch.per_rank)
     if kind == "broadcast":
-        data = payload if payload is not None else _placeholder_bytes(agree["dtypes"], agree["shapes"])
+        data = payload if payload is not JOINED else _placeholder_bytes(agree["dtypes"], agree["shapes"])
         return mpi_collectives.broadcast(comm, data, agree["root ranks"])
     if kind == "reducescatter":
-        data = payload if payload is not None else _zeros_to_reduce(request)
+        data = payload if payload is not JOINED else _zeros_to_reduce(request)
         return algorithms.reducescatter(
             data, agree["reduce ops"], agree["prescale factors"], agree["postscale factors"]
         )
@@ -106,4 +109,4 @@ def execute_batch(comm, algorithms, batch, payloads, fusion_buffer, timeline=Non
     result = _single(comm, algorithms, batch, payloads[0])
     if timeline is not None:
         timeline.span(batch.names[0], batch.kind.upper(), start, now_us())
-    return [result if payloads[0] is not None else None]
+    return [None if payloads[0] is JOINED else result]

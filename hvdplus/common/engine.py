@@ -21,7 +21,7 @@ from typing import Any, Deque, Dict, List, Optional
 
 from mpi4py import MPI
 
-from ..comm.batches import execute_batch
+from ..comm.batches import JOINED, execute_batch
 from .errors import HvdplusError, ShutdownError, StalledError, error_from_wire
 from .fusion import FusionBuffer
 from .handles import Handle
@@ -281,7 +281,7 @@ class Engine:
             entry = self._in_flight.get(name)
             if entry is not None:
                 self._cache[name] = (entry.request, cache_id)
-        payloads = [entry.payload if entry is not None else None for entry in entries]
+        payloads = [entry.payload if entry is not None else JOINED for entry in entries]
         if self.timeline is not None:
             self._record_negotiation(batch, entries)
         results = execute_batch(self.data_comm, self.algorithms, batch, payloads, self._fusion_buffer, self.timeline)

@@ -164,3 +164,9 @@ def test_large_allreduce(rank, size):
     data = np.full(16 * 1024 * 1024, rank + 1, dtype=np.float32)
     result = hvd.allreduce(data, op=hvd.Sum)
     assert result[0] == result[-1] == size * (size + 1) / 2
+
+
+def test_broadcast_object_reaches_ranks_that_passed_none(rank, size):
+    # Non-root ranks usually have nothing to pass; they must still receive the root's object.
+    received = hvd.broadcast_object({"config": [1, 2]} if rank == 0 else None, root_rank=0)
+    assert received == {"config": [1, 2]}
