@@ -18,7 +18,7 @@ from ..common.requests import Request, input_error
 from . import arguments
 
 __all__ = [
-    "allreduce_async", "grouped_allreduce_async", "allgather_async", "broadcast_async",
+    "input_error_async", "allreduce_async", "grouped_allreduce_async", "allgather_async", "broadcast_async",
     "alltoall_async", "reducescatter_async", "poll", "synchronize",
     "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "barrier", "broadcast_object", "allgather_object", "join",
@@ -36,6 +36,16 @@ def _submit(kind: str, name: Optional[str], plan: Callable[[str], Tuple[Request,
     except (TypeError, ValueError) as exc:
         request, payload = input_error(kind, name, exc), None
     return live.engine.submit(request, payload)
+
+
+def input_error_async(kind: str, name: Optional[str], error: Exception):
+    """Submit an argument error an adapter found, so that every rank raises it at synchronize
+    (raising it on this rank alone would leave the others waiting for this rank's tensor)."""
+
+    def plan(name):
+        raise error
+
+    return _submit(kind, name, plan)
 
 
 def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, group=None, output=None):

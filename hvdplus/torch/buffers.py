@@ -1,0 +1,77 @@
+"""Torch tensors as numpy buffers for the communication layer, and results back as tensors.
+
+CPU tensors share memory with the arrays handed to the core (`Tensor.numpy()`), so nothing
+is copied on the way in. bfloat16, which numpy lacks, travels as `ml_dtypes.bfloat16`
+over the same memory. CUDA tensors are staged through host memory: copied to the CPU,
+reduced there, and copied back.
+"""
+
+import numpy as np
+import torch
+
+__all__ = ["SUPPORTED", "as_array", "as_output_array", "to_tensor", "check_tensor"]
+
+SUPPORTED = (
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+)
+
+
+def _bfloat16():
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TypeError("bfloat16 tensors need the ml_dtypes package: pip install ml_dtypes") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def check_tensor(tensor, what: str, in_place: bool = False) -> None:
+    """ValueError or TypeError, naming `what`, for a tensor hvdplus cannot take as it is."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what} needs a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in SUPPORTED:
+        names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED)
+        raise ValueError(f"{what}: unsupported dtype {tensor.dtype}; supported: {names}")
+    if tensor.is_sparse:
+        raise ValueError(f"{what}: sparse tensors are not supported here; use .to_dense()")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what}: tensor is not contiguous; pass tensor.contiguous()")
+    if in_place and tensor.requires_grad and tensor.is_leaf:
+        raise ValueError(
+            f"{what}: an in-place collective would overwrite a leaf tensor that requires grad; "
+            "use the out-of-place version, or tensor.data"
+        )
+
+
+def as_array(tensor) -> np.ndarray:
+    """A numpy array over the tensor's memory (a host copy for CUDA tensors)."""
+    host = tensor.detach()
+    if host.device.type != "cpu":
+        host = host.cpu()
+    if host.dtype == torch.bfloat16:
+        return host.view(torch.int16).numpy().view(_bfloat16())
+    return host.numpy()
+
+
+def as_output_array(tensor):
+    """(array the core writes into, function that finishes the tensor afterwards)."""
+    if tensor.device.type == "cpu":
+        return as_array(tensor), lambda: tensor
+    staging = as_array(tensor).copy()
+
+    def copy_back():
+        tensor.copy_(to_tensor(staging, tensor))
+        return tensor
+
+    return staging, copy_back
+
+
+def to_tensor(array: np.ndarray, like) -> torch.Tensor:
+    """A tensor over `array`'s memory, on `like`'s device, with `like`'s dtype family."""
+    if array.dtype.name == "bfloat16":
+        result = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    else:
+        result = torch.from_numpy(array)
+    if like is not None and like.device.type != "cpu":
+        result = result.to(like.device)
+    return result

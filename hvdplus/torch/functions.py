@@ -1,0 +1,58 @@
+"""Broadcasting a model's and an optimizer's state from one rank, and object collectives."""
+
+import torch
+
+from ..comm import collectives
+from ..common import runtime
+from .mpi_ops import broadcast_async_
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
+
+
+def _named_tensors(params):
+    if isinstance(params, dict):
+        return sorted(params.items())
+    items = list(params)
+    if items and not (isinstance(items[0], tuple) and len(items[0]) == 2):
+        raise ValueError("broadcast_parameters takes a state_dict or model.named_parameters()")
+    return items
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Overwrite every rank's tensors with `root_rank`'s, in place.
+
+    Args:
+        params: `model.state_dict()` or `model.named_parameters()`.
+        root_rank: the rank whose values win.
+    """
+    handles = []
+    for name, tensor in _named_tensors(params):
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        # .data: the parameters require grad, and this write must stay outside autograd.
+        handles.append(broadcast_async_(tensor.data, root_rank, name=f"broadcast_parameters.{name}"))
+    for handle in handles:
+        handle.wait()
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Give every rank `root_rank`'s optimizer state: per-parameter tensors (momentum
+    buffers, Adam moments, step counts) and hyper-parameters such as lr and momentum.
+
+    The state travels pickled, which also carries the state of ranks that have not taken a
+    step yet (their state is still empty)."""
+    state = collectives.broadcast_object(
+        optimizer.state_dict() if runtime.rank() == root_rank else None,
+        root_rank, name="broadcast_optimizer_state",
+    )
+    optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj=None, root_rank=0, name=None):
+    """`root_rank`'s picklable `obj` (tensors included) on every rank."""
+    return collectives.broadcast_object(obj, root_rank, name)
+
+
+def allgather_object(obj, name=None):
+    """Every rank's picklable `obj`, as a list in rank order."""
+    return collectives.allgather_object(obj, name)

@@ -1,0 +1,325 @@
+"""Collectives on torch tensors, with Horovod's names and arguments.
+
+Every call hands the core a numpy view of the tensor's memory; in-place variants (`_`
+suffix) have the result written straight back into it. `allreduce`, `allgather` and
+`broadcast` are differentiable when their input requires grad.
+"""
+
+import numpy as np
+import torch
+
+from ..comm import collectives
+from ..common import runtime
+from ..common.reduce_ops import Average, ReduceOp, Sum
+from .buffers import as_array, as_output_array, check_tensor, to_tensor
+from .compression import Compression
+
+__all__ = [
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "join", "barrier", "poll", "synchronize",
+]
+
+
+class TensorHandle:
+    """A core handle whose result is turned into tensors on synchronize."""
+
+    __slots__ = ("_core", "_finish")
+
+    def __init__(self, core, finish=None):
+        self._core = core
+        self._finish = finish
+
+    def done(self) -> bool:
+        return self._core.done()
+
+    def wait(self):
+        result = self._core.wait()
+        return self._finish(result) if self._finish is not None else result
+
+
+def poll(handle) -> bool:
+    """True once the operation behind `handle` has finished."""
+    return handle.done()
+
+
+def synchronize(handle):
+    """Wait for `handle` and return its tensor(s), or raise its error."""
+    return handle.wait()
+
+
+def _what(kind, name):
+    return f"{kind} '{name}'" if name else kind
+
+
+def _reduce_op(average, op):
+    """Horovod's legacy `average=` flag and `op=` as one ReduceOp."""
+    if average is not None:
+        if op is not None:
+            raise ValueError("pass op= or the deprecated average=, not both")
+        return Average if average else Sum
+    return Average if op is None else op
+
+
+def _checked(kind, name, tensors, in_place=False):
+    """None when the tensors are usable, else a handle that fails on every rank."""
+    try:
+        for tensor in tensors:
+            check_tensor(tensor, _what(kind, name), in_place)
+    except (TypeError, ValueError) as error:
+        return TensorHandle(collectives.input_error_async(kind, name, error))
+    return None
+
+
+# -- all-reduce ---------------------------------------------------------------------------
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start an all-reduce of `tensor`; synchronize returns a new tensor."""
+    failed = _checked("allreduce", name, [tensor])
+    if failed:
+        return failed
+    core = collectives.allreduce_async(as_array(tensor), name, _reduce_op(average, op),
+                                       prescale_factor, postscale_factor)
+    return TensorHandle(core, lambda result: to_tensor(result, tensor))
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start an in-place all-reduce of `tensor`; synchronize returns `tensor`."""
+    failed = _checked("allreduce", name, [tensor], in_place=True)
+    if failed:
+        return failed
+    output, finish = as_output_array(tensor)
+    core = collectives.allreduce_async(as_array(tensor), name, _reduce_op(average, op),
+                                       prescale_factor, postscale_factor, output=output)
+    return TensorHandle(core, lambda _: finish())
+
+
+def _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression):
+    wire, ctx = compression.compress(tensor)
+    reduced = allreduce_async(wire, None, name, op, prescale_factor, postscale_factor).wait()
+    return compression.decompress(reduced, ctx)
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    """The gradient of an all-reduce is the same all-reduce of the incoming gradients."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compression):
+        ctx.reduction = (op, prescale_factor, postscale_factor, compression)
+        return _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression)
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, prescale_factor, postscale_factor, compression = ctx.reduction
+        if op not in (Average, Sum):
+            raise RuntimeError(f"allreduce with op {ReduceOp(op).label} has no gradient; use Sum or Average")
+        grad = _allreduce_plain(grad.contiguous(), None, op, prescale_factor, postscale_factor, compression)
+        return grad, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0):
+    """All-reduce `tensor` into a new tensor (Average by default); differentiable."""
+    op = _reduce_op(average, op)
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        return _AllreduceFunction.apply(tensor, name, op, prescale_factor, postscale_factor, compression)
+    return _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """All-reduce `tensor` in place; returns it."""
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor).wait()
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start all-reduces of `tensors` as one fused group; synchronize returns new tensors."""
+    tensors = list(tensors)
+    failed = _checked("grouped_allreduce", name, tensors)
+    if failed:
+        return failed
+    core = collectives.grouped_allreduce_async([as_array(t) for t in tensors], name, _reduce_op(average, op),
+                                               prescale_factor, postscale_factor)
+    return TensorHandle(core, lambda results: [to_tensor(r, t) for r, t in zip(results, tensors)])
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start in-place all-reduces of `tensors` as one fused group."""
+    tensors = list(tensors)
+    failed = _checked("grouped_allreduce", name, tensors, in_place=True)
+    if failed:
+        return failed
+    outputs = [as_output_array(t) for t in tensors]
+    core = collectives.grouped_allreduce_async(
+        [as_array(t) for t in tensors], name, _reduce_op(average, op), prescale_factor, postscale_factor,
+        outputs=[output for output, _ in outputs])
+    return TensorHandle(core, lambda _: [finish() for _, finish in outputs])
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0):
+    """All-reduce `tensors` as one fused group; returns new tensors (not differentiable)."""
+    compressed = [compression.compress(t) for t in tensors]
+    reduced = grouped_allreduce_async([w for w, _ in compressed], average, name, op,
+                                      prescale_factor, postscale_factor).wait()
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """All-reduce `tensors` in place as one fused group; returns them."""
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor).wait()
+
+
+# -- allgather ----------------------------------------------------------------------------
+def allgather_async(tensor, name=None):
+    """Start concatenating every rank's `tensor` along dimension 0 (which may differ)."""
+    failed = _checked("allgather", name, [tensor])
+    if failed:
+        return failed
+    core = collectives.allgather_async(as_array(tensor), name)
+    return TensorHandle(core, lambda result: to_tensor(result, tensor))
+
+
+class _AllgatherFunction(torch.autograd.Function):
+    """Each rank's input gets the sum over ranks of the gradient rows it contributed."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        rows = collectives.allgather(np.array([tensor.shape[0]], dtype=np.int64))
+        rank = runtime.rank()
+        ctx.rows = (int(rows[:rank].sum()), int(rows[rank]))
+        return allgather_async(tensor, name).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        start, count = ctx.rows
+        summed = _allreduce_plain(grad.contiguous(), None, Sum, 1.0, 1.0, Compression.none)
+        return summed[start:start + count], None
+
+
+def allgather(tensor, name=None):
+    """Every rank's `tensor` concatenated along dimension 0; differentiable."""
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        return _AllgatherFunction.apply(tensor, name)
+    return allgather_async(tensor, name).wait()
+
+
+def grouped_allgather_async(tensors, name=None):
+    """Start allgathers of several tensors; synchronize returns a list."""
+    tensors = list(tensors)
+    base = runtime.current("grouped_allgather()").name_for("grouped_allgather", name)
+    handles = [allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)]
+    return _HandleList(handles)
+
+
+def grouped_allgather(tensors, name=None):
+    """Allgather each of `tensors`; returns a list."""
+    return grouped_allgather_async(tensors, name).wait()
+
+
+class _HandleList:
+    __slots__ = ("handles",)
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def done(self) -> bool:
+        return all(h.done() for h in self.handles)
+
+    def wait(self):
+        return [h.wait() for h in self.handles]
+
+
+# -- broadcast ----------------------------------------------------------------------------
+def broadcast_async(tensor, root_rank, name=None):
+    """Start broadcasting `root_rank`'s `tensor`; synchronize returns a new tensor."""
+    failed = _checked("broadcast", name, [tensor])
+    if failed:
+        return failed
+    core = collectives.broadcast_async(as_array(tensor), root_rank, name)
+    return TensorHandle(core, lambda result: to_tensor(result, tensor))
+
+
+def broadcast_async_(tensor, root_rank, name=None):
+    """Start broadcasting `root_rank`'s `tensor` into every rank's `tensor`."""
+    failed = _checked("broadcast", name, [tensor], in_place=True)
+    if failed:
+        return failed
+    output, finish = as_output_array(tensor)
+
+    def write_back(result):
+        np.copyto(output, result, casting="no")
+        return finish()
+
+    core = collectives.broadcast_async(as_array(tensor), root_rank, name)
+    return TensorHandle(core, write_back)
+
+
+class _BroadcastFunction(torch.autograd.Function):
+    """The root's input gets the sum of every rank's gradient; the others get zeros."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return broadcast_async(tensor, root_rank, name).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed = _allreduce_plain(grad.contiguous(), None, Sum, 1.0, 1.0, Compression.none)
+        if runtime.rank() != ctx.root_rank:
+            summed = torch.zeros_like(summed)
+        return summed, None, None
+
+
+def broadcast(tensor, root_rank, name=None):
+    """`root_rank`'s `tensor` on every rank, as a new tensor; differentiable."""
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        return _BroadcastFunction.apply(tensor, root_rank, name)
+    return broadcast_async(tensor, root_rank, name).wait()
+
+
+def broadcast_(tensor, root_rank, name=None):
+    """Overwrite every rank's `tensor` with `root_rank`'s; returns it."""
+    return broadcast_async_(tensor, root_rank, name).wait()
+
+
+# -- alltoall and reducescatter ------------------------------------------------------------
+def alltoall_async(tensor, splits=None, name=None):
+    """Start sending rows `splits[r]` of `tensor` to rank r (even split when None)."""
+    failed = _checked("alltoall", name, [tensor])
+    if failed:
+        return failed
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    core = collectives.alltoall_async(as_array(tensor), splits, name)
+    return TensorHandle(core, lambda result: (to_tensor(result[0], tensor), torch.from_numpy(result[1])))
+
+
+def alltoall(tensor, splits=None, name=None):
+    """Returns (rows received from every rank in rank order, rows received from each rank)."""
+    return alltoall_async(tensor, splits, name).wait()
+
+
+def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start a reduction of which this rank keeps its block of rows."""
+    failed = _checked("reducescatter", name, [tensor])
+    if failed:
+        return failed
+    core = collectives.reducescatter_async(as_array(tensor), name, op, prescale_factor, postscale_factor)
+    return TensorHandle(core, lambda result: to_tensor(result, tensor))
+
+
+def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce `tensor` over ranks; rank r keeps block r of the rows."""
+    return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor).wait()
+
+
+def join() -> int:
+    """This rank is out of data; see hvdplus.join. Returns the last rank to join."""
+    return collectives.join()
+
+
+def barrier() -> None:
+    """Wait until every rank has called barrier()."""
+    collectives.barrier()

@@ -1,0 +1,250 @@
+"""DistributedOptimizer: all-reduce each gradient the moment backward produces it.
+
+A hook on every parameter (`register_post_accumulate_grad_hook`) submits that gradient's
+async all-reduce as soon as it is accumulated, so communication overlaps the rest of
+backward and the engine fuses whatever is ready together. `step()` waits for them all,
+then lets the wrapped optimizer update the parameters.
+"""
+
+import contextlib
+import warnings
+
+import numpy as np
+import torch
+
+from ..common import runtime
+from ..common.reduce_ops import Average, Sum
+from .compression import Compression
+from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _DistributedOptimizer:
+    """Mixed in before the user's optimizer class, so the wrapped optimizer stays an
+    instance of that class (schedulers, state_dict and isinstance keep working)."""
+
+    def _hvdplus_setup(self, named_parameters, compression, backward_passes_per_step, op,
+                       gradient_predivide_factor, groups, sparse_as_dense):
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        self._compression = compression
+        self._passes_per_step = backward_passes_per_step
+        self._sparse_as_dense = sparse_as_dense
+        size = runtime.size()
+        if gradient_predivide_factor != 1.0:
+            # Split the averaging around the sum: 1/f before it, f/size after it.
+            self._reduction = (Sum, 1.0 / gradient_predivide_factor, gradient_predivide_factor / size)
+        else:
+            self._reduction = (op, 1.0, 1.0)
+        params = [p for group in self.param_groups for p in group["params"]]
+        self._names = _parameter_names(params, named_parameters)
+        self._groups = _fusion_groups(params, groups)
+        self._passes_left = {p: backward_passes_per_step for p in params}
+        self._group_ready = {}
+        self._submitted = set()
+        self._pending = []
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hooks = []
+        if size > 1:
+            self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready)
+                           for p in params if p.requires_grad]
+
+    # -- hooks: submit each gradient once it is complete ------------------------------
+    def _gradient_ready(self, param):
+        if param in self._submitted:
+            raise AssertionError(
+                f"gradient of '{self._names[param]}' was computed more than backward_passes_per_step="
+                f"{self._passes_per_step} times before step() or synchronize(); raise "
+                "backward_passes_per_step to accumulate more passes"
+            )
+        self._passes_left[param] -= 1
+        if self._passes_left[param] == 0:
+            self._submit(param)
+
+    def _submit(self, param):
+        group = self._groups.get(param)
+        if group is None:
+            self._submitted.add(param)
+            self._pending.append(self._allreduce_gradient(param))
+            return
+        ready = self._group_ready.setdefault(id(group), set())
+        ready.add(param)
+        self._submitted.add(param)
+        if len(ready) == len(group):
+            del self._group_ready[id(group)]
+            self._pending.append(self._allreduce_group(group))
+
+    def _dense_gradient(self, param):
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        elif param.grad.is_sparse and self._sparse_as_dense:
+            param.grad = param.grad.to_dense()
+        return param.grad
+
+    def _allreduce_gradient(self, param):
+        """Submit one gradient's all-reduce; returns the function that finishes it."""
+        if param.grad is not None and param.grad.is_sparse and not self._sparse_as_dense:
+            return self._allgather_sparse_gradient(param)
+        grad = self._dense_gradient(param)
+        wire, ctx = self._compression.compress(grad)
+        op, prescale, postscale = self._reduction
+        handle = allreduce_async_(wire, name=f"grad.{self._names[param]}", op=op,
+                                  prescale_factor=prescale, postscale_factor=postscale)
+
+        def finish():
+            handle.wait()
+            if wire is not grad:
+                grad.copy_(self._compression.decompress(wire, ctx))
+
+        return finish
+
+    def _allreduce_group(self, group):
+        grads = [self._dense_gradient(p) for p in group]
+        compressed = [self._compression.compress(g) for g in grads]
+        op, prescale, postscale = self._reduction
+        handle = grouped_allreduce_async_([w for w, _ in compressed], name=f"grads.{self._names[group[0]]}",
+                                          op=op, prescale_factor=prescale, postscale_factor=postscale)
+
+        def finish():
+            handle.wait()
+            for grad, (wire, ctx) in zip(grads, compressed):
+                if wire is not grad:
+                    grad.copy_(self._compression.decompress(wire, ctx))
+
+        return finish
+
+    def _allgather_sparse_gradient(self, param):
+        """Sparse gradients (e.g. nn.Embedding(sparse=True)) are gathered, not densified:
+        every rank's rows are concatenated and summed where they repeat."""
+        grad = param.grad.coalesce()
+        name = self._names[param]
+        indices = allgather_async(grad.indices().t().contiguous(), name=f"sparse_indices.{name}")
+        values = allgather_async(grad.values().contiguous(), name=f"sparse_values.{name}")
+        op, prescale, postscale = self._reduction
+        scale = prescale * postscale / (runtime.size() if op == Average else 1)
+
+        def finish():
+            gathered = torch.sparse_coo_tensor(indices.wait().t(), values.wait() * scale, grad.shape,
+                                               check_invariants=True)
+            param.grad = gathered.coalesce()
+
+        return finish
+
+    # -- the user-facing protocol -----------------------------------------------------
+    def synchronize(self):
+        """Wait for every gradient's all-reduce (submitting those whose hooks did not fire,
+        e.g. parameters unused this step, so that every rank submits the same names)."""
+        if self._hooks:
+            for param in self._passes_left:
+                if param.requires_grad and param not in self._submitted:
+                    self._submit(param)
+        pending, self._pending = self._pending, []
+        for finish in pending:
+            finish()
+        self._submitted.clear()
+        for param in self._passes_left:
+            self._passes_left[param] = self._passes_per_step
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """For `step()` after an explicit `synchronize()` (gradient clipping, AMP's GradScaler):
+
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() after optimizer.synchronize() synchronizes again; wrap step() "
+                    "in `with optimizer.skip_synchronize():`", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none: bool = True):
+        if self._submitted:
+            raise AssertionError(
+                "optimizer.zero_grad() was called while gradients were still being all-reduced "
+                "(after loss.backward(), before optimizer.step() or optimizer.synchronize()); "
+                "zero the gradients before backward, or call step() first"
+            )
+        return super().zero_grad(set_to_none)
+
+
+def _parameter_names(params, named_parameters):
+    if named_parameters is None:
+        return {p: f"param.{index}" for index, p in enumerate(params)}
+    named = list(named_parameters)
+    if named and not all(isinstance(item, tuple) and len(item) == 2 for item in named):
+        raise ValueError("named_parameters must be (name, parameter) pairs, e.g. model.named_parameters()")
+    names = [name for name, _ in named]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"named_parameters has duplicate names: {', '.join(duplicates)}")
+    by_param = {p: name for name, p in named}
+    unnamed = [index for index, p in enumerate(params) if p not in by_param]
+    if unnamed:
+        raise ValueError(
+            f"named_parameters was given, but {len(unnamed)} of the optimizer's parameters are not in it "
+            f"(positions {unnamed[:10]}); pass model.named_parameters() of the model the optimizer trains"
+        )
+    return by_param
+
+
+def _fusion_groups(params, groups):
+    """Map each parameter to the list of parameters it is all-reduced together with."""
+    if groups is None or groups == 0:
+        return {}
+    if isinstance(groups, int):
+        if groups < 0:
+            raise ValueError(f"groups must be a positive number or a list of parameter lists, got {groups}")
+        members = [list(chunk) for chunk in np.array_split(np.arange(len(params)), groups) if len(chunk)]
+        groups = [[params[i] for i in chunk] for chunk in members]
+    by_param = {}
+    known = set(params)
+    for group in groups:
+        group = list(group)
+        for p in group:
+            if p not in known:
+                raise ValueError("groups lists a parameter that the optimizer does not train")
+            if p in by_param:
+                raise ValueError("a parameter appears in more than one of groups")
+            by_param[p] = group
+    return by_param
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         groups=None, sparse_as_dense=False):
+    """Wrap `optimizer` so that `step()` applies gradients averaged over all ranks.
+
+    Args:
+        optimizer: any torch.optim optimizer; its state and hooks carry over.
+        named_parameters: `model.named_parameters()`, to name the all-reduces (recommended).
+        compression: Compression.none, .fp16 or .bf16 for the all-reduced gradients.
+        backward_passes_per_step: backward passes accumulated locally before each all-reduce.
+        op: Average (default) or Sum over ranks.
+        gradient_predivide_factor: with Average, divide by f before the sum and by size/f after.
+        groups: None, a number of fusion groups, or lists of parameters reduced together.
+        sparse_as_dense: densify sparse gradients instead of allgathering them.
+    """
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._hvdplus_setup(named_parameters, compression, backward_passes_per_step, op,
+                           gradient_predivide_factor, groups, sparse_as_dense)
+    return wrapped

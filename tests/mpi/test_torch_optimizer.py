@@ -1,0 +1,198 @@
+"""DistributedOptimizer on k ranks against one process training on the whole batch."""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import hvdplus.torch as hvd  # noqa: E402
+
+BATCH_PER_RANK = 6
+STEPS = 5
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def global_batches(size, steps=STEPS, per_rank=BATCH_PER_RANK):
+    generator = torch.Generator().manual_seed(1234)
+    return [(torch.randn(size * per_rank, 5, generator=generator), torch.randn(size * per_rank, 3, generator=generator))
+            for _ in range(steps)]
+
+
+def loss_fn(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.01),
+}
+
+
+def single_process(make_optimizer, batches):
+    """The independent reference: one process, the whole batch, no hvdplus at all."""
+    model = make_model()
+    optimizer = make_optimizer(model.parameters())
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss_fn(model, x, y).backward()
+        optimizer.step()
+    return model
+
+
+def rows(rank, tensor, per_rank=BATCH_PER_RANK):
+    return tensor[rank * per_rank:(rank + 1) * per_rank]
+
+
+def assert_same_parameters(model, reference, tol=1e-5):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=tol, atol=tol, msg=name)
+
+
+@pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("groups", [None, 2], ids=["per-tensor", "two-groups"])
+def test_k_ranks_equal_one_process_with_k_times_the_batch(optimizer_name, groups, rank, size):
+    batches = global_batches(size)
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(OPTIMIZERS[optimizer_name](model.parameters()),
+                                         named_parameters=model.named_parameters(), groups=groups)
+    assert isinstance(optimizer, type(OPTIMIZERS[optimizer_name]([torch.zeros(1, requires_grad=True)])))
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss_fn(model, rows(rank, x), rows(rank, y)).backward()
+        optimizer.step()
+    assert_same_parameters(model, single_process(OPTIMIZERS[optimizer_name], batches))
+
+
+def test_backward_passes_per_step_equals_a_larger_batch(rank, size):
+    passes = 3
+    batches = global_batches(size * passes, steps=2)
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                         named_parameters=model.named_parameters(),
+                                         backward_passes_per_step=passes)
+    for x, y in batches:
+        optimizer.zero_grad()
+        for micro in range(passes):
+            part = rank * passes + micro  # this rank's micro-batches, in order
+            (loss_fn(model, rows(part, x), rows(part, y)) / passes).backward()
+        optimizer.step()
+    reference = single_process(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), batches)
+    assert_same_parameters(model, reference)
+
+
+def test_fp16_compression_stays_close(rank, size):
+    batches = global_batches(size)
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         compression=hvd.Compression.fp16)
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss_fn(model, rows(rank, x), rows(rank, y)).backward()
+        optimizer.step()
+    # float16 keeps ~3 decimal digits of each gradient.
+    assert_same_parameters(model, single_process(lambda p: torch.optim.SGD(p, lr=0.1), batches), tol=2e-3)
+
+
+def test_explicit_synchronize_with_clipping_and_skip_synchronize(rank, size):
+    batches = global_batches(size, steps=3)
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                         named_parameters=model.named_parameters())
+    reference = make_model()
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss_fn(model, rows(rank, x), rows(rank, y)).backward()
+        optimizer.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        ref_optimizer.zero_grad()
+        loss_fn(reference, x, y).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05)
+        ref_optimizer.step()
+    assert_same_parameters(model, reference)
+
+
+def test_unused_parameters_and_schedulers_and_state_dict(rank, size):
+    model = make_model()
+    extra = torch.nn.Parameter(torch.ones(2))  # never used in the loss
+    params = list(model.parameters()) + [extra]
+    named = list(model.named_parameters()) + [("extra", extra)]
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), named_parameters=named)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    x, y = global_batches(size, steps=1)[0]
+    optimizer.zero_grad()
+    loss_fn(model, rows(rank, x), rows(rank, y)).backward()
+    optimizer.step()
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert torch.equal(extra.detach(), torch.ones(2))
+    restored = torch.optim.SGD(params, lr=1.0)
+    restored.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    assert restored.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_named_parameter_errors():
+    model = make_model()
+    named = list(model.named_parameters())
+    with pytest.raises(ValueError, match="duplicate names: 0.weight"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named + [named[0]])
+    with pytest.raises(ValueError, match="not in it"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named[:2])
+
+
+@pytest.mark.skipif(hvd.size() < 2, reason="hooks are only installed with several ranks")
+def test_zero_grad_before_step_is_refused(rank, size):
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    x, y = global_batches(size, steps=1)[0]
+    loss_fn(model, rows(rank, x), rows(rank, y)).backward()
+    with pytest.raises(AssertionError, match="zero_grad\\(\\) was called while gradients were still being all-reduced"):
+        optimizer.zero_grad()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def test_sparse_gradients_allgathered_or_densified(rank, size):
+    for sparse_as_dense in (False, True):
+        torch.manual_seed(0)
+        embedding = torch.nn.Embedding(10, 4, sparse=True)
+        reference = copy.deepcopy(embedding)
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=0.5),
+                                             named_parameters=embedding.named_parameters(),
+                                             sparse_as_dense=sparse_as_dense)
+        ids = [torch.tensor([r % 10, (3 * r + 1) % 10, 7]) for r in range(size)]
+        optimizer.zero_grad()
+        embedding(ids[rank]).pow(2).sum().backward()
+        optimizer.step()
+        # Reference: the average over ranks of each rank's gradient, applied once.
+        total = sum(torch.autograd.grad(reference(ids[r]).pow(2).sum(), reference.weight)[0].to_dense()
+                    for r in range(size))
+        expected = reference.weight.detach() - 0.5 * total / size
+        torch.testing.assert_close(embedding.weight.detach(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_broadcast_parameters_and_optimizer_state(rank, size):
+    model = make_model(seed=rank)  # every rank starts differently
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1), momentum=0.5 + 0.1 * rank)
+    if rank == 0:
+        x, y = global_batches(1, steps=1)[0]
+        loss_fn(model, x, y).backward()
+        optimizer.step()  # only the root has momentum buffers
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    root_model, root_optimizer = hvd.broadcast_object((model.state_dict(), optimizer.state_dict()), root_rank=0)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, root_model[name])
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+    assert optimizer.param_groups[0]["momentum"] == pytest.approx(0.5)
+    for index, state in optimizer.state_dict()["state"].items():
+        assert torch.equal(state["momentum_buffer"], root_optimizer["state"][index]["momentum_buffer"])
+    hvd.broadcast_parameters(list(model.named_parameters()), root_rank=size - 1)
