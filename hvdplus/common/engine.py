@@ -240,12 +240,10 @@ class Engine:
             self.coordinator.add(source, self.control_comm.recv(source=source, tag=_REQUEST_TAG))
 
     def _idle(self) -> None:
-        """Sleep one cycle, or until something is submitted. Never poll faster: a thread
-        that spins here takes the GIL and a core from the training loop; callers that
-        wait on a handle poll for themselves (drive_until)."""
-        # While a caller drives, waking every cycle would only take the GIL from it.
-        timeout = _CALLER_SPIN_S * 2 if self._callers_driving else self.settings.cycle_time_ms / 1000.0
-        if self._wake.wait(timeout):
+        """Sleep one cycle, or until woken. Never poll faster: a thread that spins here takes
+        the GIL and a core from the training loop; callers that wait on a handle poll for
+        themselves (wait_for)."""
+        if self._wake.wait(self.settings.cycle_time_ms / 1000.0):
             self._wake.clear()
 
     # -- executing agreed batches -----------------------------------------------------
