@@ -66,7 +66,9 @@ def test_timeline_is_a_chrome_trace(tmp_path, abrupt):
     result, _ = run_job(2, f"""
         import os, numpy as np, hvdplus as hvd
         hvd.init()
-        handles = [hvd.allreduce_async(np.ones(10), name=f"layer{{i}}") for i in range(20)]
+        # float16 goes through the fusion buffer; float64 is reduced where it lies.
+        handles = [hvd.allreduce_async(np.ones(10, dtype=np.float16 if i % 2 else np.float64),
+                                       name=f"layer{{i}}") for i in range(20)]
         for h in handles:
             hvd.synchronize(h)
         hvd.allgather(np.ones((2, 2)), name="gathered")
@@ -82,7 +84,9 @@ def test_timeline_is_a_chrome_trace(tmp_path, abrupt):
     rows = {event["args"]["name"] for event in events if event["name"] == "thread_name"}
     assert {"layer0", "layer19", "gathered"} <= rows
     fused = [event["args"]["tensors"] for event in events if event["name"] == "MEMCPY_IN_FUSION_BUFFER"]
-    assert max(fused) > 1, "20 tensors submitted at once should share a fusion buffer"
+    assert max(fused) > 1, "10 float16 tensors submitted at once should share a fusion buffer"
+    together = [event["args"].get("tensors", 1) for event in events if event["name"] == "ALLREDUCE"]
+    assert max(together) > 1
 
 
 def test_pending_handles_fail_clearly_at_shutdown():

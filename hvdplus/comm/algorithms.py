@@ -9,7 +9,8 @@ one of:
 - `hierarchical`: inside each node, then across nodes, then inside each node again;
 - `auto` (default): by size and topology, from crossover points measured by
   benchmarks/collectives.py on a 2-core VM: `MPI_Allreduce` below `SMALL_BYTES`, where its
-  latency wins; above it, `shm` when all ranks share a node, else `hierarchical`.
+  latency wins; above it, `shm` when all ranks share a node, else `hierarchical`. The
+  engine's all-reduces on one node always use `shm` (see `engine_algorithm`).
 
 On one node, reducescatter goes through the shared window from `SMALL_BYTES` up (4-10x
 faster than MPI's here) and allgather from `SHM_ALLGATHER_BYTES` of output up (below that
@@ -66,6 +67,9 @@ class CollectiveAlgorithms:
         local_size = topology.local_comm.Get_size()
         self.window = SharedWindow(topology.local_comm) if local_size > 1 else None
         self.outputs = OutputPool()
+        # The engine's thread runs beside the training loop on the same cores: there, waiting
+        # for a slower rank must yield the core, which only the shared window's barrier does.
+        self.engine_algorithm = "shm" if algorithm == "auto" and self.single_node and self.window else None
 
     def free(self) -> None:
         self.outputs.clear()

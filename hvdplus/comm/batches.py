@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ..common.dtypes import accumulation_dtype, itemsize_of
+from ..common.reduce_ops import ReduceOp
 from ..common.timeline import now_us
 from . import mpi_collectives
 
@@ -34,11 +35,14 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
     A payload is (array, output or None), or JOINED on a rank that has joined."""
     agree = batch.requests[0].agree
     scaling = (agree["reduce ops"], agree["prescale factors"], agree["postscale factors"])
+    # The path depends on agreed values only: every rank must run the same algorithm.
+    if _reducible_in_place(algorithms, agree):
+        return _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline)
     if len(payloads) == 1 and payloads[0] is not JOINED:
         # Nothing to fuse: reduce straight from the caller's array, saving two copies.
         start = now_us()
         data, output = payloads[0]
-        result = algorithms.allreduce(data, *scaling, output=output)
+        result = algorithms.allreduce(data, *scaling, algorithm=algorithms.engine_algorithm, output=output)
         if timeline is not None:
             timeline.span(batch.names[0], "ALLREDUCE", start, now_us(), bytes=int(result.nbytes))
         return [result]
@@ -50,7 +54,7 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
         flat[offset:offset + count] = 0 if payload is JOINED else payload[0].reshape(-1)
         offset += count
     packed = now_us()
-    algorithms.allreduce_in_place(flat, *scaling)
+    algorithms.allreduce_in_place(flat, *scaling, algorithm=algorithms.engine_algorithm)
     reduced = now_us()
     results, offset = [], 0
     for payload, count, request in zip(payloads, counts, batch.requests):
@@ -69,6 +73,40 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
             timeline.span(name, "MEMCPY_IN_FUSION_BUFFER", start, packed, tensors=len(batch.names))
             timeline.span(name, "ALLREDUCE", packed, reduced, bytes=int(flat.nbytes))
             timeline.span(name, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
+    return results
+
+
+def _reducible_in_place(algorithms, agree) -> bool:
+    """On one node, tensors already in their accumulation dtype and not prescaled are
+    reduced where they lie (or in their output) instead of through the fusion buffer."""
+    return (algorithms.engine_algorithm == "shm" and agree["prescale factors"] == 1.0
+            and accumulation_dtype(agree["dtypes"]).name == agree["dtypes"])
+
+
+def _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline):
+    """Fused all-reduce through the node's shared window, straight from and into the
+    tensors' own memory (an output that is the input itself is reduced in place)."""
+    op, _, postscale = scaling
+    start = now_us()
+    targets, results = [], []
+    for payload, request in zip(payloads, batch.requests):
+        if payload is JOINED:
+            targets.append(_zeros_to_reduce(request).reshape(-1))
+            results.append(None)
+            continue
+        data, output = payload
+        if output is None:
+            output = algorithms.outputs.empty(data.shape, data.dtype)
+        if output.__array_interface__["data"][0] != data.__array_interface__["data"][0]:
+            np.copyto(output, data)
+        targets.append(output.reshape(-1))
+        results.append(output)
+    scale = postscale / algorithms.size if op == ReduceOp.AVERAGE else postscale
+    algorithms.window.allreduce_arrays(targets, op, scale)
+    if timeline is not None:
+        done = now_us()
+        for name in batch.names:
+            timeline.span(name, "ALLREDUCE", start, done, tensors=len(batch.names), where="in place, shared memory")
     return results
 
 

@@ -13,8 +13,18 @@ chunk assigned to rank p:
 A node barrier separates the steps. Segments are double-buffered, so the copies of one
 chunk may overlap the reading of the previous one, and a rank never copies its own slice
 into shared memory: about one memory pass less than copying everything in and out.
+
+The barrier is hvdplus' own, on a counter at the head of each segment: a rank waiting for
+the others yields its core (and the GIL) between looks, where MPI_Barrier would spin. On a
+node where every core trains, the engine thread waiting for a slower rank must not take
+the core from this rank's own backward pass. It relies on x86's ordering of stores (data
+written before a counter is visible before it); elsewhere MPI_Barrier is used.
 """
 
+import bisect
+import itertools
+import os
+import platform
 from typing import List
 
 import numpy as np
@@ -26,6 +36,9 @@ __all__ = ["SharedWindow"]
 
 # Per rank and buffer half; 2 MiB of float64 keeps a chunk's working set within L2.
 CHUNK_BYTES = 4 * 1024 * 1024
+# Each segment starts with its rank's barrier counter, alone on a cache line.
+HEADER_BYTES = 64
+_STORES_ARE_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
 class SharedWindow:
@@ -36,12 +49,29 @@ class SharedWindow:
         self.rank = local_comm.Get_rank()
         self.size = local_comm.Get_size()
         self.chunk_bytes = chunk_bytes
-        self.window = MPI.Win.Allocate_shared(2 * chunk_bytes, 1, comm=local_comm)
+        self.window = MPI.Win.Allocate_shared(HEADER_BYTES + 2 * chunk_bytes, 1, comm=local_comm)
         self._segments = [memoryview(self.window.Shared_query(peer)[0]) for peer in range(self.size)]
         self._views = {}
+        self._counters = [np.frombuffer(seg, dtype=np.int64, count=1) for seg in self._segments]
+        self._counters[self.rank][0] = 0
+        self._arrivals = 0
+        local_comm.Barrier()  # every counter is zero before anyone counts
+
+    def barrier(self) -> None:
+        """Return once every rank of the node has called barrier() as often as this one."""
+        if not _STORES_ARE_ORDERED:
+            self.comm.Barrier()
+            return
+        self._arrivals += 1
+        arrivals = self._arrivals
+        self._counters[self.rank][0] = arrivals
+        for counter in self._counters:
+            while counter[0] < arrivals:
+                os.sched_yield()
 
     def free(self) -> None:
         self._views.clear()
+        self._counters = []
         self._segments = []
         self.window.Free()
 
@@ -50,7 +80,9 @@ class SharedWindow:
         views = self._views.get(dtype)
         if views is None:
             count = 2 * self.chunk_bytes // dtype.itemsize
-            views = self._views[dtype] = [np.frombuffer(seg, dtype=dtype, count=count) for seg in self._segments]
+            views = self._views[dtype] = [
+                np.frombuffer(seg, dtype=dtype, count=count, offset=HEADER_BYTES) for seg in self._segments
+            ]
         return views
 
     def _chunks(self, total: int, itemsize: int):
@@ -69,7 +101,7 @@ class SharedWindow:
         for peer in others:
             lo, hi = bounds[peer], bounds[peer + 1]
             mine[base + lo:base + hi] = data[lo:hi]
-        self.comm.Barrier()
+        self.barrier()
         lo, hi = bounds[me], bounds[me + 1]
         ufunc = UFUNCS[op]
         ufunc(data[lo:hi], segments[others[0]][base + lo:base + hi], out=into)
@@ -94,14 +126,56 @@ class SharedWindow:
             lo, hi = bounds[self.rank], bounds[self.rank + 1]
             reduced = segments[self.rank][base + lo:base + hi]
             self._share_then_reduce(segments, source[start:stop], base, bounds, op, reduced)
-            self.comm.Barrier()
+            self.barrier()
             result = output[start:stop]
             for peer in range(n):
                 lo, hi = bounds[peer], bounds[peer + 1]
                 result[lo:hi] = segments[peer][base + lo:base + hi]
         # The next call's first chunk reuses this call's buffer half only after this barrier.
-        self.comm.Barrier()
+        self.barrier()
         return output
+
+    def allreduce_arrays(self, arrays: List[np.ndarray], op, scale: float = 1.0) -> None:
+        """Reduce each of several flat arrays of one dtype in place, as if they were one
+        buffer, without packing them into one: the shared segments are the only staging
+        area, so a fused batch of gradients costs no copy in or out of a fusion buffer.
+
+        `scale` multiplies the result (Average's 1/size, a postscale factor): each rank
+        scales only its own slice before publishing it, rather than everyone everything."""
+        if self.size == 1 or not arrays:
+            for array in arrays:
+                if scale != 1.0:
+                    array *= scale
+            return
+        ends = list(itertools.accumulate(a.size for a in arrays))
+        total = ends[-1]
+        if total == 0:
+            return
+        ufunc = UFUNCS[op]
+        segments = self.segments(arrays[0].dtype)
+        n, me = self.size, self.rank
+        mine = segments[me]
+        others = [p for p in range(n) if p != me]
+        for base, start, stop in self._chunks(total, arrays[0].itemsize):
+            length = stop - start
+            bounds = [start + length * p // n for p in range(n + 1)]
+            for peer in others:
+                for array, lo, hi, at in _pieces(arrays, ends, bounds[peer], bounds[peer + 1]):
+                    mine[base + at - start:base + at - start + hi - lo] = array[lo:hi]
+            self.barrier()
+            for array, lo, hi, at in _pieces(arrays, ends, bounds[me], bounds[me + 1]):
+                where = slice(base + at - start, base + at - start + hi - lo)
+                reduced = mine[where]
+                ufunc(array[lo:hi], segments[others[0]][where], out=reduced)
+                for peer in others[1:]:
+                    ufunc(reduced, segments[peer][where], out=reduced)
+                if scale != 1.0:
+                    reduced *= scale
+            self.barrier()
+            for peer in range(n):
+                for array, lo, hi, at in _pieces(arrays, ends, bounds[peer], bounds[peer + 1]):
+                    array[lo:hi] = segments[peer][base + at - start:base + at - start + hi - lo]
+        self.barrier()
 
     def reducescatter(self, source: np.ndarray, op, offsets, output: np.ndarray) -> np.ndarray:
         """Reduce the node's flat `source` buffers; rank p keeps elements
@@ -117,7 +191,7 @@ class SharedWindow:
             # No second barrier: a segment half is rewritten two chunks later, after the next
             # chunk's barrier, which every rank reaches only once done reading this one.
             self._share_then_reduce(segments, source[start:stop], base, bounds, op, into)
-        self.comm.Barrier()
+        self.barrier()
         return output
 
     def allgather(self, block: np.ndarray, offsets, output: np.ndarray) -> np.ndarray:
@@ -130,11 +204,24 @@ class SharedWindow:
             base = (index % 2) * chunk
             piece = block[start:start + chunk]
             segments[self.rank][base:base + piece.size] = piece
-            self.comm.Barrier()
+            self.barrier()
             for peer in range(self.size):
                 begin = offsets[peer] + start
                 end = min(begin + chunk, offsets[peer + 1])
                 if end > begin:
                     output[begin:end] = segments[peer][base:base + end - begin]
-        self.comm.Barrier()
+        self.barrier()
         return output
+
+
+def _pieces(arrays, ends, lo, hi):
+    """(array, start, stop, position) for the parts of arrays that cover positions lo:hi of
+    their concatenation; `ends[i]` is where array i ends in it."""
+    index = bisect.bisect_right(ends, lo)
+    while lo < hi and index < len(arrays):
+        begin = ends[index] - arrays[index].size
+        stop = min(hi, ends[index])
+        if stop > lo:
+            yield arrays[index], lo - begin, stop - begin, lo
+        lo = stop
+        index += 1

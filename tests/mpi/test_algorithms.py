@@ -213,3 +213,19 @@ def test_large_reducescatter_and_allgather_through_the_chosen_path(dtype, rank, 
     first_dims = [rows - r for r in range(size)]
     pieces = [rank_values(dtype, (first_dims[r], 16), r, 74) for r in range(size)]
     np.testing.assert_array_equal(layer.allgather(pieces[rank], first_dims), np.concatenate(pieces))
+
+
+@pytest.mark.skipif(not SINGLE_NODE, reason="the shared window spans one node")
+@pytest.mark.parametrize("window_name", ["default", "tiny-chunks"])
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Min, hvd.Product])
+def test_shm_allreduce_of_several_arrays_in_place(window_name, op, rank, size):
+    """Arrays of assorted sizes (empty ones too) reduced as one buffer, where they lie."""
+    window = TINY_CHUNK_WINDOW if window_name == "tiny-chunks" else current().algorithms.window
+    if window is None:
+        pytest.skip("one rank has no window")
+    lengths = [5, 0, 1, 17, 0, 3, 1009, 2]
+    arrays = [rank_values("int64", (n,), rank, 80 + i) for i, n in enumerate(lengths)]
+    expected = [expected_reduction("int64", n, 80 + i, op, size, -3, 3) for i, n in enumerate(lengths)]
+    window.allreduce_arrays(arrays, op)
+    for array, want in zip(arrays, expected):
+        np.testing.assert_array_equal(array, want)
