@@ -1,0 +1,142 @@
+"""Training throughput of hvdplus.torch against DDP (gloo) and communication-free ranks.
+
+    hvdplusrun -np 2 python benchmarks/torch_training.py
+
+For a ResNet-style CNN and a deep MLP (24 layers of width 256, batch 64 per rank), with one
+thread per rank, measures in the same job: hvdplus' DistributedOptimizer; torch DDP over
+gloo; every rank training its own copy without any communication ("independent ranks",
+what this machine can give n ranks at all); and one rank alone. Prints samples/s, ratios
+and scaling efficiency = hvdplus throughput / independent-ranks throughput.
+"""
+
+import argparse
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import hvdplus.torch as hvd
+
+WORLD = MPI.COMM_WORLD
+
+
+class ResidualBlock(torch.nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(channels)
+        self.conv2 = torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(x + self.bn2(self.conv2(out)))
+
+
+def synthetic_cnn():
+    layers = [torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU()]
+    for channels in (32, 64):
+        if channels != 32:
+            layers += [torch.nn.Conv2d(32, channels, 3, stride=2, padding=1), torch.nn.ReLU()]
+        layers += [ResidualBlock(channels), ResidualBlock(channels)]
+    layers += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10)]
+    return torch.nn.Sequential(*layers)
+
+
+def deep_mlp(width=256, depth=24):
+    layers = [torch.nn.Linear(width, width)]
+    for _ in range(depth - 1):
+        layers += [torch.nn.ReLU(), torch.nn.Linear(width, width)]
+    return torch.nn.Sequential(*layers, torch.nn.ReLU(), torch.nn.Linear(width, 10))
+
+
+MODELS = {
+    "cnn": (synthetic_cnn, lambda batch: torch.randn(batch, 3, 32, 32), 32),
+    "mlp": (deep_mlp, lambda batch: torch.randn(batch, 256), 64),
+}
+
+
+def train_steps(model, optimizer, data, target, steps):
+    for _ in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(data), target).backward()
+        optimizer.step()
+
+
+def throughput(run, batch, steps, participants):
+    """Samples/s of all `participants` ranks together (median of 3 timed rounds)."""
+    run(3)
+    rounds = []
+    for _ in range(3):
+        WORLD.Barrier()
+        start = time.perf_counter()
+        run(steps)
+        elapsed = WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX)
+        rounds.append(participants * batch * steps / elapsed)
+    return statistics.median(rounds)
+
+
+def measure(name, steps):
+    build, make_data, batch = MODELS[name]
+    torch.manual_seed(hvd.rank())
+    data, target = make_data(batch), torch.randint(0, 10, (batch,))
+    results = {}
+
+    model = build()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    results["hvdplus"] = throughput(lambda n: train_steps(model, optimizer, data, target, n), batch, steps, hvd.size())
+
+    ddp = torch.nn.parallel.DistributedDataParallel(build())
+    ddp_optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    results["DDP gloo"] = throughput(lambda n: train_steps(ddp, ddp_optimizer, data, target, n), batch, steps, hvd.size())
+
+    alone = build()
+    alone_optimizer = torch.optim.SGD(alone.parameters(), lr=0.01, momentum=0.9)
+    results["independent ranks"] = throughput(
+        lambda n: train_steps(alone, alone_optimizer, data, target, n), batch, steps, hvd.size())
+
+    def rank_zero_only(n):
+        if hvd.rank() == 0:
+            train_steps(alone, alone_optimizer, data, target, n)
+
+    results["one rank alone"] = throughput(rank_zero_only, batch, steps, 1)
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--models", default="cnn,mlp")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    port = None
+    if hvd.rank() == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    port = WORLD.bcast(port)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
+    for name in args.models.split(","):
+        results = measure(name, args.steps)
+        if hvd.rank() == 0:
+            n = hvd.size()
+            print(f"\n{name}: {n} ranks, 1 thread each, samples/s of all ranks together")
+            for label, value in results.items():
+                print(f"  {label:18s} {value:10.1f}")
+            efficiency = results["hvdplus"] / results["independent ranks"]
+            print(f"  scaling efficiency (hvdplus / independent ranks): {efficiency:.3f}")
+            print(f"  hvdplus / DDP gloo: {results['hvdplus'] / results['DDP gloo']:.2f}x")
+            print(f"  hvdplus / ({n} x one rank alone): {results['hvdplus'] / (n * results['one rank alone']):.3f}"
+                  f"   independent ranks / ({n} x one rank alone): "
+                  f"{results['independent ranks'] / (n * results['one rank alone']):.3f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
