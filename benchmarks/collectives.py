@@ -14,7 +14,6 @@ import argparse
 import csv
 import os
 import platform
-import socket
 import statistics
 import time
 
@@ -23,6 +22,7 @@ from mpi4py import MPI
 
 import hvdplus as hvd
 from hvdplus.common import runtime
+from peers import init_gloo
 
 WORLD = MPI.COMM_WORLD
 
@@ -59,24 +59,6 @@ def memcpy_seconds(data):
     return WORLD.bcast(result)
 
 
-def gloo_group():
-    """torch.distributed with gloo over loopback, or None without torch."""
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    port = None
-    if WORLD.Get_rank() == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-    port = WORLD.bcast(port)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=WORLD.Get_rank(), world_size=WORLD.Get_size())
-    return torch, dist
-
-
 def measure(size_bytes, algorithm_names, gloo):
     count = size_bytes // 4
     data = np.random.default_rng(WORLD.Get_rank()).random(count, dtype=np.float32)
@@ -89,9 +71,10 @@ def measure(size_bytes, algorithm_names, gloo):
         rows[f"direct {algorithm}"] = median_seconds(
             lambda: layer.allreduce(data, hvd.Sum, algorithm=algorithm), size_bytes)
     if gloo is not None:
-        torch, dist = gloo
+        import torch
+
         tensor = torch.from_numpy(data.copy())
-        rows["torch gloo"] = median_seconds(lambda: dist.all_reduce(tensor), size_bytes)
+        rows["torch gloo"] = median_seconds(lambda: gloo.all_reduce(tensor), size_bytes)
     rows["memcpy (1 core)"] = memcpy_seconds(data)
     return rows
 
@@ -107,7 +90,7 @@ def main():
     size, rank = hvd.size(), hvd.rank()
     single_node = runtime.current().algorithms.single_node
     algorithm_names = ["mpi", "ring", "hierarchical"] + (["shm"] if single_node and size > 1 else [])
-    gloo = gloo_group()
+    gloo = init_gloo(WORLD)
     factor = 2 * (size - 1) / size if size > 1 else 1.0
     table = []
     sizes = []

@@ -10,15 +10,14 @@ and scaling efficiency = hvdplus throughput / independent-ranks throughput.
 """
 
 import argparse
-import socket
 import statistics
 import time
 
 import torch
-import torch.distributed as dist
 from mpi4py import MPI
 
 import hvdplus.torch as hvd
+from peers import init_gloo
 
 WORLD = MPI.COMM_WORLD
 
@@ -115,13 +114,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init()
-    port = None
-    if hvd.rank() == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-    port = WORLD.bcast(port)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
+    dist = init_gloo(WORLD)
     for name in args.models.split(","):
         results = measure(name, args.steps)
         if hvd.rank() == 0:
