@@ -9,7 +9,7 @@ reduced there, and copied back.
 import numpy as np
 import torch
 
-__all__ = ["SUPPORTED", "as_array", "as_output_array", "to_tensor", "check_tensor"]
+__all__ = ["SUPPORTED", "as_array", "as_in_place_array", "to_tensor", "check_tensor"]
 
 SUPPORTED = (
     torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -53,17 +53,20 @@ def as_array(tensor) -> np.ndarray:
     return host.numpy()
 
 
-def as_output_array(tensor):
-    """(array the core writes into, function that finishes the tensor afterwards)."""
+def as_in_place_array(tensor):
+    """(array to reduce in place, function that finishes the tensor afterwards).
+
+    For a CPU tensor the array is its memory; a CUDA tensor gets a host copy that is
+    copied back when the operation is done."""
+    array = as_array(tensor)
     if tensor.device.type == "cpu":
-        return as_array(tensor), lambda: tensor
-    staging = as_array(tensor).copy()
+        return array, lambda: tensor
 
     def copy_back():
-        tensor.copy_(to_tensor(staging, tensor))
+        tensor.copy_(to_tensor(array, tensor))
         return tensor
 
-    return staging, copy_back
+    return array, copy_back
 
 
 def to_tensor(array: np.ndarray, like) -> torch.Tensor:

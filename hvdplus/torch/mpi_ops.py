@@ -11,7 +11,7 @@ import torch
 from ..comm import collectives
 from ..common import runtime
 from ..common.reduce_ops import Average, ReduceOp, Sum
-from .buffers import as_array, as_output_array, check_tensor, to_tensor
+from .buffers import as_array, as_in_place_array, check_tensor, to_tensor
 from .compression import Compression
 
 __all__ = [
@@ -90,9 +90,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     failed = _checked("allreduce", name, [tensor], in_place=True)
     if failed:
         return failed
-    output, finish = as_output_array(tensor)
-    core = collectives.allreduce_async(as_array(tensor), name, _reduce_op(average, op),
-                                       prescale_factor, postscale_factor, output=output)
+    array, finish = as_in_place_array(tensor)
+    core = collectives.allreduce_async(array, name, _reduce_op(average, op),
+                                       prescale_factor, postscale_factor, output=array)
     return TensorHandle(core, lambda _: finish())
 
 
@@ -150,11 +150,11 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     failed = _checked("grouped_allreduce", name, tensors, in_place=True)
     if failed:
         return failed
-    outputs = [as_output_array(t) for t in tensors]
-    core = collectives.grouped_allreduce_async(
-        [as_array(t) for t in tensors], name, _reduce_op(average, op), prescale_factor, postscale_factor,
-        outputs=[output for output, _ in outputs])
-    return TensorHandle(core, lambda _: [finish() for _, finish in outputs])
+    in_place = [as_in_place_array(t) for t in tensors]
+    arrays = [array for array, _ in in_place]
+    core = collectives.grouped_allreduce_async(arrays, name, _reduce_op(average, op), prescale_factor,
+                                               postscale_factor, outputs=arrays)
+    return TensorHandle(core, lambda _: [finish() for _, finish in in_place])
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -246,13 +246,13 @@ def broadcast_async_(tensor, root_rank, name=None):
     failed = _checked("broadcast", name, [tensor], in_place=True)
     if failed:
         return failed
-    output, finish = as_output_array(tensor)
+    array, finish = as_in_place_array(tensor)
 
     def write_back(result):
-        np.copyto(output, result, casting="no")
+        np.copyto(array, result, casting="no")
         return finish()
 
-    core = collectives.broadcast_async(as_array(tensor), root_rank, name)
+    core = collectives.broadcast_async(array, root_rank, name)
     return TensorHandle(core, write_back)
 
 
