@@ -1,6 +1,8 @@
 """Runs the suites under tests/mpi/ inside real MPI jobs of 1, 2 and 3 ranks (odd sizes
 catch ring and split arithmetic), and the topology suite with ranks posing as nodes."""
 
+import importlib.util
+
 import pytest
 
 from mpi_jobs import run_pytest_on_ranks
@@ -41,3 +43,12 @@ def test_algorithms_with_simulated_nodes(nranks, ranks_per_node):
     run_pytest_on_ranks(
         nranks, ["tests/mpi/test_algorithms.py"], env={"HVDPLUS_RANKS_PER_NODE": str(ranks_per_node)}
     )
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_keras_on_each_backend(backend, nranks):
+    if importlib.util.find_spec("keras") is None or importlib.util.find_spec(backend) is None:
+        pytest.skip(f"keras with the {backend} backend is not installed")
+    run_pytest_on_ranks(nranks, ["tests/mpi_keras"], env={"KERAS_BACKEND": backend}, timeout=380)

@@ -1,0 +1,54 @@
+"""`import hvdplus.keras as hvd`: data-parallel Keras 3 `model.fit` on the tensorflow and torch
+backends.
+
+    hvd.init()                                   # also silences Keras output on ranks > 0
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvd.size()))
+    model.compile(optimizer=optimizer, loss=...)
+    model.fit(x_shard, y_shard, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                           hvd.callbacks.MetricAverageCallback()])
+"""
+
+import keras
+
+from ..common import runtime as _runtime
+from ..common.errors import HvdplusError, NotInitializedError, ShutdownError, StalledError, TensorMismatchError
+from ..common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
+from ..common.runtime import (
+    cross_rank, cross_size, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, rank, shutdown, size, start_timeline, stop_timeline,
+)
+from . import callbacks
+from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcast_object
+from .optimizer import DistributedOptimizer, distributed_class
+
+
+def init(comm=None, quiet_other_ranks=True):
+    """Start hvdplus (see hvdplus.init). With `quiet_other_ranks`, Keras' progress bars and
+    logs are switched off on every rank but 0, so `model.fit(verbose=1)` prints once; the
+    explicit idiom `verbose=1 if hvd.rank() == 0 else 0` works too."""
+    _runtime.init(comm)
+    if quiet_other_ranks and _runtime.is_initialized() and _runtime.rank() != 0:
+        keras.utils.disable_interactive_logging()
+
+
+def verbose(level=1):
+    """`level` on rank 0, 0 elsewhere: `model.fit(..., verbose=hvd.verbose())`."""
+    return level if _runtime.rank() == 0 else 0
+
+
+def load_model(filepath, custom_objects=None, compile=True, op=Average, backward_passes_per_step=1,
+               average_aggregated_gradients=False, gradient_predivide_factor=1.0):
+    """keras.saving.load_model, with the saved optimizer (state included) loaded straight into
+    its DistributedOptimizer class; the options are DistributedOptimizer's."""
+    objects = {
+        name: distributed_class(cls) for name, cls in vars(keras.optimizers).items()
+        if isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)
+        and cls is not keras.optimizers.Optimizer
+    }
+    objects.update(custom_objects or {})
+    model = keras.saving.load_model(filepath, custom_objects=objects, compile=compile)
+    optimizer = getattr(model, "optimizer", None)
+    if compile and optimizer is not None and hasattr(optimizer, "_hvdplus_configure"):
+        optimizer._hvdplus_configure(op, backward_passes_per_step, average_aggregated_gradients,
+                                     gradient_predivide_factor)
+    return model

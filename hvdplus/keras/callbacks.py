@@ -1,0 +1,170 @@
+"""Keras callbacks with Horovod's names and behaviour, for `model.fit` on every rank."""
+
+import re
+
+import keras
+import numpy as np
+
+from ..comm import collectives
+from ..common import runtime
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
+    "LearningRateScheduleCallback", "BestModelCheckpoint",
+]
+
+
+def broadcast_variables(variables, root_rank=0, prefix="variable"):
+    """Overwrite every rank's Keras variables with `root_rank`'s values.
+
+    Variables are named by their path, so ranks whose models differ (another layer, another
+    shape) get a TensorMismatchError naming the variable on every rank, never a hang."""
+    handles = []
+    for index, variable in enumerate(variables):
+        name = f"{prefix}.{index}.{_stable_path(variable)}"
+        value = np.array(keras.ops.convert_to_numpy(variable), order="C")  # keeps 0-d shapes
+        handles.append((variable, collectives.broadcast_async(value, root_rank, name)))
+    for variable, handle in handles:
+        variable.assign(handle.wait())
+
+
+def _stable_path(variable) -> str:
+    """The variable's path without Keras' per-process counters ('sequential_3/dense_7/kernel'
+    becomes 'sequential/dense/kernel'): ranks that built other models first still agree."""
+    path = getattr(variable, "path", "") or getattr(variable, "name", "")
+    return "/".join(re.sub(r"_\d+$", "", part) for part in path.split("/"))
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """At the start of training, give every rank `root_rank`'s model and optimizer variables
+    (the optimizer is built first if it has not created its variables yet), so that ranks
+    that initialised differently train one model."""
+
+    def __init__(self, root_rank=0):
+        super().__init__()
+        self.root_rank = root_rank
+
+    def on_train_begin(self, logs=None):
+        broadcast_variables(self.model.variables, self.root_rank, "model")
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None:
+            if not optimizer.built:
+                optimizer.build(self.model.trainable_variables)
+            broadcast_variables(optimizer.variables, self.root_rank, "optimizer")
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replace each epoch's logs by their average over ranks. Put it first in `callbacks`,
+    so EarlyStopping, ReduceLROnPlateau and ModelCheckpoint decide the same on every rank."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs or runtime.size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        averaged = collectives.allreduce(values, name=f"metric_average.{epoch}.{','.join(keys)}")
+        for key, value in zip(keys, averaged):
+            logs[key] = float(value)
+
+
+def _set_learning_rate(model, value):
+    model.optimizer.learning_rate.assign(value)
+
+
+class _LearningRateCallback(keras.callbacks.Callback):
+    """Sets the learning rate from `multiplier_at(epoch)` (epoch fractional within a batch loop)."""
+
+    def __init__(self, initial_lr, start_epoch, end_epoch, staircase, steps_per_epoch, verbose):
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+        self.current_epoch = 0
+
+    def multiplier_at(self, epoch):
+        raise NotImplementedError
+
+    def _active(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _steps(self):
+        steps = self.steps_per_epoch or (self.params or {}).get("steps")
+        if not steps:
+            raise ValueError(f"{type(self).__name__} needs steps_per_epoch when model.fit cannot tell it")
+        return steps
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+        if self._active(epoch) and self.staircase:
+            self._apply(epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.staircase or not self._active(self.current_epoch):
+            return
+        self._apply(self.current_epoch + batch / self._steps())
+
+    def _apply(self, epoch):
+        lr = self.initial_lr * self.multiplier_at(epoch)
+        _set_learning_rate(self.model, lr)
+        if self.verbose and runtime.rank() == 0:
+            print(f"\nEpoch {epoch:.3f}: {type(self).__name__} sets learning rate to {lr:.6g}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+
+
+class LearningRateWarmupCallback(_LearningRateCallback):
+    """Ramp the learning rate from `initial_lr / size()` up to `initial_lr` over
+    `warmup_epochs`, batch by batch, as Goyal et al. advise when lr is scaled by size():
+
+        lr(epoch) = initial_lr / size * (1 + epoch * (size - 1) / warmup_epochs)
+
+    where `epoch` counts completed epochs plus the fraction of the current one."""
+
+    def __init__(self, initial_lr, warmup_epochs=5, steps_per_epoch=None, verbose=0):
+        super().__init__(initial_lr, 0, warmup_epochs, False, steps_per_epoch, verbose)
+        self.warmup_epochs = warmup_epochs
+
+    def multiplier_at(self, epoch):
+        size = runtime.size()
+        return (1.0 + epoch * (size - 1) / self.warmup_epochs) / size
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.warmup_epochs - 1:
+            _set_learning_rate(self.model, self.initial_lr)
+            if self.verbose and runtime.rank() == 0:
+                print(f"\nEpoch {epoch + 1}: finished warming up to learning rate {self.initial_lr:.6g}")
+        super().on_epoch_end(epoch, logs)
+
+
+class LearningRateScheduleCallback(_LearningRateCallback):
+    """lr = initial_lr * multiplier for epochs in [start_epoch, end_epoch); `multiplier` is a
+    number or a function of the epoch. With staircase=False it changes every batch, the
+    epoch counted fractionally."""
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
+                 steps_per_epoch=None, verbose=0):
+        super().__init__(initial_lr, start_epoch, end_epoch, staircase, steps_per_epoch, verbose)
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+
+    def multiplier_at(self, epoch):
+        return self.multiplier(epoch)
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """ModelCheckpoint(save_best_only=True) that writes on rank 0 only; every rank still
+    tracks the best value (identical on all ranks behind MetricAverageCallback)."""
+
+    def __init__(self, filepath, monitor="val_loss", verbose=0, mode="auto", save_weights_only=False):
+        super().__init__(filepath, monitor=monitor, verbose=verbose if runtime.rank() == 0 else 0,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode)
+
+    def _save_model(self, epoch, batch, logs):
+        if runtime.rank() == 0:
+            return super()._save_model(epoch, batch, logs)
+        # The other ranks only follow the best value, so rank 0's decisions are theirs too.
+        self._should_save_model(epoch, batch, logs, self._get_file_path(epoch, batch, logs))

@@ -1,0 +1,70 @@
+"""Collectives on Keras backend tensors, eager, through numpy; and the gradient all-reduce
+that each backend runs inside its own training step."""
+
+import keras
+import numpy as np
+
+from ..comm import collectives
+from ..common.reduce_ops import Average, Sum
+
+__all__ = ["allreduce", "allgather", "broadcast", "broadcast_object", "allgather_object",
+           "allreduce_gradients"]
+
+
+def _to_numpy(value):
+    return np.array(keras.ops.convert_to_numpy(value), order="C")  # keeps 0-d shapes
+
+
+def allreduce(value, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """All-reduce a backend tensor (eager); returns a backend tensor."""
+    result = collectives.allreduce(_to_numpy(value), op, prescale_factor, postscale_factor, name=name)
+    return keras.ops.convert_to_tensor(result)
+
+
+def allgather(value, name=None):
+    """Every rank's `value` concatenated along the first axis."""
+    return keras.ops.convert_to_tensor(collectives.allgather(_to_numpy(value), name=name))
+
+
+def broadcast(value, root_rank=0, name=None):
+    """`root_rank`'s `value` on every rank."""
+    return keras.ops.convert_to_tensor(collectives.broadcast(_to_numpy(value), root_rank, name=name))
+
+
+def broadcast_object(obj=None, root_rank=0, name=None):
+    return collectives.broadcast_object(obj, root_rank, name)
+
+
+def allgather_object(obj, name=None):
+    return collectives.allgather_object(obj, name)
+
+
+def allreduce_gradients(grads, names, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+    """All-reduce a training step's gradients as one fused group, on whatever the backend
+    hands the optimizer: TensorFlow tensors inside `tf.function`, torch tensors eagerly.
+    `None` gradients stay None (every rank's model has the same unused variables)."""
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
+        return list(grads)
+    backend = keras.backend.backend()
+    tensors = [grads[i] for i in present]
+    group = "keras." + names[present[0]] if names else None
+    if backend == "tensorflow":
+        from .. import tensorflow as hvd_tf
+
+        reduced = hvd_tf.grouped_allreduce(tensors, op=op, prescale_factor=prescale_factor,
+                                           postscale_factor=postscale_factor, name=group)
+    elif backend == "torch":
+        from .. import torch as hvd_torch
+
+        reduced = hvd_torch.grouped_allreduce([t.detach().contiguous() for t in tensors], op=op,
+                                              prescale_factor=prescale_factor,
+                                              postscale_factor=postscale_factor, name=group)
+    else:
+        raise NotImplementedError(
+            f"hvdplus.keras all-reduces gradients on the tensorflow and torch backends, not {backend!r}"
+        )
+    result = list(grads)
+    for index, tensor in zip(present, reduced):
+        result[index] = tensor
+    return result

@@ -1,0 +1,80 @@
+"""DistributedOptimizer for Keras 3: every optimizer, every backend that hvdplus bridges.
+
+Keras 3 routes every update through `Optimizer.apply(grads, trainable_variables)` on all
+backends (model.fit, custom loops, `apply_gradients`), so overriding it sees the gradients
+wherever they come from. The wrapped optimizer is an instance of a subclass of the user's
+optimizer class that keeps its name and configuration, so `model.save` writes the plain
+optimizer and `hvdplus.keras.load_model` wraps it again.
+"""
+
+from ..common import runtime
+from ..common.reduce_ops import Average, Sum
+from .mpi_ops import allreduce_gradients
+
+__all__ = ["DistributedOptimizer", "distributed_class"]
+
+_CLASSES = {}
+
+
+class _DistributedOptimizer:
+    """Mixed in before a Keras optimizer class."""
+
+    _hvdplus_reduction = (Average, 1.0, 1.0)
+
+    def _hvdplus_configure(self, op, backward_passes_per_step, average_aggregated_gradients,
+                           gradient_predivide_factor):
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        size = runtime.size()
+        if gradient_predivide_factor != 1.0:
+            op, prescale, postscale = Sum, 1.0 / gradient_predivide_factor, gradient_predivide_factor / size
+        else:
+            prescale, postscale = 1.0, 1.0
+        if backward_passes_per_step > 1:
+            # Keras' own accumulation averages the passes; Horovod's default sums them.
+            self.gradient_accumulation_steps = backward_passes_per_step
+            if not average_aggregated_gradients:
+                postscale *= backward_passes_per_step
+        self._hvdplus_reduction = (op, prescale, postscale)
+
+    def apply(self, grads, trainable_variables=None):
+        variables = trainable_variables if trainable_variables is not None else self._trainable_variables
+        names = [getattr(v, "path", None) or f"variable.{i}" for i, v in enumerate(variables)]
+        if runtime.size() > 1:
+            op, prescale, postscale = self._hvdplus_reduction
+            grads = allreduce_gradients(list(grads), names, op, prescale, postscale)
+        return super().apply(grads, trainable_variables)
+
+
+def distributed_class(optimizer_class):
+    """The hvdplus subclass of a Keras optimizer class (one per class, kept)."""
+    cls = _CLASSES.get(optimizer_class)
+    if cls is None:
+        cls = type(optimizer_class.__name__, (_DistributedOptimizer, optimizer_class), {
+            "__module__": optimizer_class.__module__,
+            "__doc__": optimizer_class.__doc__,
+        })
+        _CLASSES[optimizer_class] = cls
+    return cls
+
+
+def DistributedOptimizer(optimizer, compression=None, op=Average, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, gradient_predivide_factor=1.0,
+                         sparse_as_dense=False):
+    """Wrap a Keras 3 optimizer so that the gradients it applies are all-reduced first.
+
+    Args:
+        optimizer: any keras.optimizers.Optimizer, before it has taken a step.
+        compression: accepted for Horovod compatibility; gradients travel uncompressed.
+        op: Average (default) or Sum over ranks.
+        backward_passes_per_step: passes accumulated (Keras' gradient_accumulation_steps)
+            before the variables are updated.
+        average_aggregated_gradients: divide the accumulated gradients by the passes (True)
+            or sum them (False, as Horovod).
+        gradient_predivide_factor: with Average, divide by f before the sum and by size/f after.
+        sparse_as_dense: accepted for Horovod compatibility; Keras 3 hands dense gradients.
+    """
+    wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
+    wrapped._hvdplus_configure(op, backward_passes_per_step, average_aggregated_gradients,
+                               gradient_predivide_factor)
+    return wrapped

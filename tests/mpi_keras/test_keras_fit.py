@@ -1,0 +1,170 @@
+"""hvdplus.keras with model.fit on k ranks against one process with the whole batch."""
+
+import os
+
+import numpy as np
+import pytest
+
+import keras
+import hvdplus.keras as hvd
+
+PER_RANK = 4
+BATCHES = 6
+
+
+def make_model(seed=0, hidden=8):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(hidden, activation="tanh"), keras.layers.Dense(3)])
+    return model
+
+
+def global_data(size, batches=BATCHES, per_rank=PER_RANK):
+    rng = np.random.default_rng(7)
+    rows = size * per_rank * batches
+    return rng.normal(size=(rows, 5)).astype("float32"), rng.normal(size=(rows, 3)).astype("float32")
+
+
+def rank_rows(array, rank, size, per_rank=PER_RANK):
+    """This rank's part of every global batch, in batch order (no shuffling)."""
+    batch = size * per_rank
+    return np.concatenate([array[start + rank * per_rank:start + (rank + 1) * per_rank]
+                           for start in range(0, len(array), batch)])
+
+
+OPTIMIZERS = {"sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9), "adam": lambda: keras.optimizers.Adam(0.01)}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_fit_on_k_ranks_equals_one_process(name, rank, size):
+    x, y = global_data(size)
+    reference = make_model()
+    reference.compile(optimizer=OPTIMIZERS[name](), loss="mse")
+    reference.fit(x, y, batch_size=size * PER_RANK, epochs=2, shuffle=False, verbose=0)
+
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(OPTIMIZERS[name]()), loss="mse")
+    model.fit(rank_rows(x, rank, size), rank_rows(y, rank, size), batch_size=PER_RANK, epochs=2,
+              shuffle=False, verbose=0)
+    for mine, theirs in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_backward_passes_per_step_accumulate_like_a_larger_batch(rank, size):
+    x, y = global_data(size * 2)
+    reference = make_model()
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    reference.fit(x, y, batch_size=2 * size * PER_RANK, epochs=1, shuffle=False, verbose=0)
+
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2,
+                                         average_aggregated_gradients=True)
+    model.compile(optimizer=optimizer, loss="mse")
+    # Each rank's two micro-batches per step are rows of one global batch of 2*size*PER_RANK.
+    mine_x = rank_rows(x, rank, size, per_rank=2 * PER_RANK)
+    mine_y = rank_rows(y, rank, size, per_rank=2 * PER_RANK)
+    model.fit(mine_x, mine_y, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0)
+    for mine, theirs in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_broadcast_callback_makes_ranks_identical(rank, size):
+    model = make_model(seed=100 + rank)
+    root_weights = hvd.broadcast_object(model.get_weights(), root_rank=0)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    x, y = global_data(1, batches=1)
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    for mine, root in zip(model.get_weights(), root_weights):
+        np.testing.assert_array_equal(mine, root)
+
+
+class RecordLogs(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epochs = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(dict(logs))
+
+
+def test_metric_average_callback_averages_epoch_logs(rank, size):
+    x, y = global_data(size)
+    model = make_model(seed=rank)  # different models: different losses per rank
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse", metrics=["mae"])
+    raw, averaged = RecordLogs(), RecordLogs()
+    model.fit(rank_rows(x, rank, size), rank_rows(y, rank, size), batch_size=PER_RANK, epochs=2, verbose=0,
+              callbacks=[raw, hvd.callbacks.MetricAverageCallback(), averaged])
+    everyone = hvd.allgather_object(raw.epochs)
+    for epoch in range(2):
+        for key in ("loss", "mae"):
+            expected = np.mean([ranks_logs[epoch][key] for ranks_logs in everyone])
+            assert averaged.epochs[epoch][key] == pytest.approx(expected, rel=1e-6)
+
+
+class RecordLearningRates(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.rates = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.rates.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+
+
+def test_warmup_and_schedule_learning_rates(rank, size):
+    x, y = global_data(size, batches=4)
+    steps = 4  # batches per epoch on each rank
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    recorder = RecordLearningRates()
+    initial = 0.1 * size
+    model.fit(rank_rows(x, rank, size), rank_rows(y, rank, size), batch_size=PER_RANK, epochs=4, verbose=0,
+              shuffle=False, callbacks=[
+                  hvd.callbacks.LearningRateWarmupCallback(initial, warmup_epochs=2, steps_per_epoch=steps),
+                  hvd.callbacks.LearningRateScheduleCallback(initial, multiplier=lambda e: 0.5 ** e, start_epoch=2),
+                  recorder])
+    expected = []
+    for epoch in range(4):
+        for batch in range(steps):
+            if epoch < 2:
+                expected.append(initial / size * (1 + (epoch + batch / steps) * (size - 1) / 2))
+            else:
+                expected.append(initial * 0.5 ** epoch)
+    np.testing.assert_allclose(recorder.rates, expected, rtol=1e-6)
+
+
+def test_save_and_load_round_trip_keeps_the_wrapper(rank, size, tmp_path_factory):
+    x, y = global_data(size)
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    model.fit(rank_rows(x, rank, size), rank_rows(y, rank, size), batch_size=PER_RANK, epochs=1, verbose=0)
+    path = os.path.join(str(tmp_path_factory.mktemp(f"rank{rank}")), "model.keras")
+    model.save(path)
+    loaded = hvd.load_model(path)
+    assert hasattr(loaded.optimizer, "_hvdplus_configure")
+    assert isinstance(loaded.optimizer, keras.optimizers.Adam)
+    for mine, theirs in zip(loaded.optimizer.variables, model.optimizer.variables):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(mine), keras.ops.convert_to_numpy(theirs))
+    loaded.fit(rank_rows(x, rank, size), rank_rows(y, rank, size), batch_size=PER_RANK, epochs=1, verbose=0)
+    weights = hvd.allgather_object(loaded.get_weights())
+    for other in weights[1:]:
+        for a, b in zip(weights[0], other):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+@pytest.mark.skipif(hvd.size() < 2, reason="needs two ranks")
+def test_models_that_differ_across_ranks_get_a_clear_error(rank):
+    model = make_model(hidden=8 + rank)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    x, y = global_data(1, batches=1)
+    with pytest.raises(hvd.TensorMismatchError, match=r"Mismatched shapes for 'model\.0\.sequential/dense/kernel'.*rank 0 had \(5, 8\), rank 1 had \(5, 9\)"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+
+def test_collectives_on_backend_tensors(rank, size):
+    value = keras.ops.convert_to_tensor(np.full((2, 2), float(rank), dtype="float32"))
+    summed = keras.ops.convert_to_numpy(hvd.allreduce(value, op=hvd.Sum))
+    np.testing.assert_array_equal(summed, np.full((2, 2), size * (size - 1) / 2))
+    gathered = keras.ops.convert_to_numpy(hvd.allgather(value))
+    assert gathered.shape == (2 * size, 2)
+    root = keras.ops.convert_to_numpy(hvd.broadcast(value, root_rank=size - 1))
+    np.testing.assert_array_equal(root, np.full((2, 2), float(size - 1)))
+    assert hvd.verbose() == (1 if rank == 0 else 0)
