@@ -18,7 +18,7 @@ from ..common.requests import Request, input_error
 from . import arguments
 
 __all__ = [
-    "input_error_async", "allreduce_async", "grouped_allreduce_async", "allgather_async", "broadcast_async",
+    "input_error_async", "grouped_input_error_async", "allreduce_async", "grouped_allreduce_async", "allgather_async", "broadcast_async",
     "alltoall_async", "reducescatter_async", "poll", "synchronize",
     "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "barrier", "broadcast_object", "allgather_object", "join",
@@ -46,6 +46,14 @@ def input_error_async(kind: str, name: Optional[str], error: Exception):
         raise error
 
     return _submit(kind, name, plan)
+
+
+def grouped_input_error_async(name: Optional[str], count: int, error: Exception):
+    """input_error_async for a grouped all-reduce of `count` arrays: the error is submitted
+    under every member's name, which is what the other ranks submit."""
+    live = runtime.current("grouped_allreduce()")
+    group = live.name_for("grouped_allreduce", name)
+    return HandleGroup(group, [input_error_async("allreduce", f"{group}.{index}", error) for index in range(count)])
 
 
 def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, group=None, output=None):

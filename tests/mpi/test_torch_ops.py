@@ -148,6 +148,14 @@ def test_non_contiguous_on_one_rank_fails_everywhere(rank):
     assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(hvd.size())))
 
 
+@needs_two
+def test_bad_tensor_in_a_group_on_one_rank_fails_everywhere(rank):
+    tensors = [torch.ones(3), torch.ones(4, 4).t() if rank == 1 else torch.ones(4, 4)]
+    with pytest.raises(ValueError, match="rank 1: grouped_allreduce 'g': tensor is not contiguous"):
+        hvd.grouped_allreduce(tensors, name="g")
+    assert torch.equal(hvd.grouped_allreduce([torch.ones(2)], op=hvd.Sum)[0], torch.full((2,), float(hvd.size())))
+
+
 def test_unsupported_dtype_and_grad_leaf_in_place(rank):
     with pytest.raises(ValueError, match="unsupported dtype torch.complex64"):
         hvd.allreduce(torch.ones(2, dtype=torch.complex64), name="cplx")
