@@ -1,0 +1,65 @@
+"""TensorFlow tensors as numpy buffers for the communication layer, eagerly and inside tf.function.
+
+A collective is written once, as a function of numpy arrays, and `run_on_host` runs it:
+eagerly at once, on `tensor.numpy()` (TensorFlow may copy the tensor to make that array;
+the result becomes a new tensor, which copies again); inside a graph as a stateful
+`tf.numpy_function` op that does the same when the graph runs, with the static shapes set
+where they are known. TensorFlow runs stateful ops in program order within a function, so
+the collectives of one graph run one after another on every rank, as traced. Being Python,
+these ops cannot be compiled by XLA (tf.function(jit_compile=True)).
+
+Names: every rank traces the same code, so an unnamed collective in a graph is named when
+it is traced, after its op's place in the graph (`hvdplus_allreduce_2`). A retrace gives
+the same names, however often each rank retraces (a last, shorter batch on one rank only).
+Eagerly, unnamed collectives are numbered by call order, as the core numbers them
+(`allreduce.7`).
+"""
+
+import tensorflow as tf
+
+from ..common import runtime
+
+__all__ = ["collective_name", "what", "as_tensor", "run_on_host"]
+
+
+def collective_name(kind: str, name=None) -> str:
+    """`name`; else eagerly the core's next name for `kind` (`allreduce.7`), in a graph a
+    name unique in it (`hvdplus_allreduce_2`)."""
+    live = runtime.current(f"{kind}()")  # NotInitializedError now, not when a graph runs
+    if name is not None:
+        return str(name)
+    if tf.executing_eagerly():
+        return live.name_for(kind, None)
+    return tf.compat.v1.get_default_graph().unique_name(f"hvdplus_{kind}")
+
+
+def what(kind: str, name) -> str:
+    """The collective as error messages name it."""
+    return f"{kind} '{name}'" if name else kind
+
+
+def as_tensor(value, description: str) -> tf.Tensor:
+    """`value` as a tensor (variables are read), or TypeError naming `description`."""
+    if isinstance(value, tf.Tensor):
+        return value
+    try:
+        return tf.convert_to_tensor(value)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{description} needs a tensor, got {type(value).__name__}: {error}") from None
+
+
+def run_on_host(function, tensors, dtypes, shapes):
+    """The tensors `function(*arrays)` returns (a list of arrays), with `dtypes`.
+
+    Eagerly it runs now. In a graph it becomes an op that runs it when the graph runs; its
+    outputs get the static `shapes` (a None dimension where unknown). An op without outputs
+    still runs: tf.function runs every stateful op it holds."""
+    if tf.executing_eagerly():
+        results = function(*[tensor.numpy() for tensor in tensors])
+        return [tf.convert_to_tensor(result, dtype=dtype) for result, dtype in zip(results, dtypes)]
+    outputs = tf.numpy_function(function, list(tensors), list(dtypes), stateful=True)
+    if not dtypes:
+        return []
+    for output, shape in zip(outputs, shapes):
+        output.set_shape(shape)
+    return outputs

@@ -1,0 +1,359 @@
+"""Collectives on TensorFlow tensors, with Horovod's names and arguments.
+
+Each works on eager tensors and inside tf.function (see buffers.run_on_host). These have
+gradients, so a model may call them in its forward pass:
+
+    allreduce, grouped_allreduce   the same all-reduce of the upstream gradient (Sum, Average)
+    allgather                      the sum over ranks of the rows this rank contributed
+    broadcast                      on the root, the sum over ranks; zeros elsewhere
+    alltoall                       the upstream rows sent back where they came from
+    reducescatter                  the upstream blocks allgathered (Sum, Average)
+
+tf.IndexedSlices (the gradients of tf.gather and of embeddings) are all-reduced as Horovod
+does: every rank's values and indices are gathered, and repeated indices add up where the
+slices are applied. Inside a graph an error (a mismatch between ranks, a bad argument)
+surfaces as the tf.errors.OpError that TensorFlow makes of the Python exception, with its
+message.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from ..comm import collectives
+from ..common import runtime
+from ..common.reduce_ops import Average, Sum, as_reduce_op
+from .buffers import as_tensor, collective_name, run_on_host, what
+from .compression import Compression
+
+__all__ = [
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+    "alltoall", "reducescatter", "join", "barrier",
+]
+
+
+def _reduce_op(average, op):
+    """Horovod's legacy `average=` flag and `op=` as one ReduceOp."""
+    if average is not None:
+        if op is not None:
+            raise ValueError("pass op= or the deprecated average=, not both")
+        return Average if average else Sum
+    return Average if op is None else as_reduce_op(op)
+
+
+def _fail_everywhere(error, submitted, dtype=tf.float32):
+    """Raise `error`, found on this rank, on every rank: eagerly now, in a graph when this op
+    runs, where the other ranks run the collectives `submitted` ((kind, name) pairs) names."""
+
+    def fail():
+        handles = [collectives.input_error_async(kind, name, error) for kind, name in submitted]
+        for handle in handles:
+            handle.wait()
+
+    return run_on_host(fail, [], [dtype], [None])[0]
+
+
+def _group_names(name, tensors):
+    """What a group submits: an all-reduce `name.k` for its k-th dense tensor (as the core
+    names group members) and two allgathers for each IndexedSlices."""
+    dense = sum(1 for t in tensors if not isinstance(t, tf.IndexedSlices))
+    slices = len(tensors) - dense
+    return ([("allreduce", f"{name}.{k}") for k in range(dense)]
+            + [("allgather", f"{name}.slices.{j}.{part}") for j in range(slices) for part in ("values", "indices")])
+
+
+def _check_differentiable(kind, op):
+    if op not in (Average, Sum):
+        raise RuntimeError(f"{kind} with op {op.label} has no gradient; use Sum or Average")
+
+
+def _rows_shape(shape: tf.TensorShape) -> tf.TensorShape:
+    """`shape` with its first dimension unknown (unknown altogether for scalars)."""
+    if shape.rank is None or shape.rank == 0:
+        return tf.TensorShape(None)
+    return tf.TensorShape([None]).concatenate(shape[1:])
+
+
+# -- all-reduce ---------------------------------------------------------------------------
+def _host_allreduce(tensor, name, op, prescale, postscale):
+    def reduce(array):
+        return [collectives.allreduce(array, op, prescale, postscale, name)]
+
+    return run_on_host(reduce, [tensor], [tensor.dtype], [tensor.shape])[0]
+
+
+def _allreduce(tensor, name, op, prescale, postscale):
+    @tf.custom_gradient
+    def reduce(x):
+        def grad(upstream):
+            _check_differentiable("allreduce", op)
+            return _allreduce(upstream, f"{name}.grad", op, prescale, postscale)
+
+        return _host_allreduce(x, name, op, prescale, postscale), grad
+
+    return reduce(tensor)
+
+
+def allreduce(tensor, average=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, name=None):
+    """`tensor` reduced over all ranks (Average by default): `postscale * reduce(prescale * x)`.
+
+    Args:
+        tensor: a tensor (or anything tf.convert_to_tensor takes), or tf.IndexedSlices.
+        average: Horovod's deprecated flag; True is op=Average, False op=Sum.
+        compression: Compression.none, .fp16 or .bf16 for the values on the wire.
+        op: Average, Sum, Min, Max or Product.
+        prescale_factor, postscale_factor: multiply before and after the reduction.
+        name: the name every rank gives this collective (default: eagerly one by call order, in
+            a graph one by the op's place in it).
+    """
+    name = collective_name("allreduce", name)
+    if isinstance(tensor, tf.IndexedSlices):
+        return grouped_allreduce([tensor], average, compression, op, prescale_factor, postscale_factor, name)[0]
+    try:
+        op = _reduce_op(average, op)
+        tensor = as_tensor(tensor, what("allreduce", name))
+    except (TypeError, ValueError) as error:
+        return _fail_everywhere(error, [("allreduce", name)])
+    wire, ctx = compression.compress(tensor)
+    return compression.decompress(_allreduce(wire, name, op, prescale_factor, postscale_factor), ctx)
+
+
+def _slices_scale(name, op, prescale, postscale, slices):
+    """The factor gathered IndexedSlices values take; ValueError when they cannot take it."""
+    scale = prescale * postscale / (runtime.size() if op == Average else 1)
+    for piece in slices:
+        if op not in (Average, Sum):
+            raise ValueError(f"{what('allreduce', name)}: IndexedSlices take op Sum or Average, not {op.label}")
+        if scale != 1.0 and not piece.values.dtype.is_floating:
+            raise ValueError(f"{what('allreduce', name)}: IndexedSlices of {piece.values.dtype.name} "
+                             "cannot be averaged or scaled; use op=Sum")
+    return scale
+
+
+def _reduce_group(dense, slices, name, op, prescale, postscale):
+    """One host op: `dense` all-reduced as one fused group, and every IndexedSlices' values
+    and indices allgathered. Returns (reduced tensors, gathered IndexedSlices)."""
+    scale = _slices_scale(name, op, prescale, postscale, slices)
+    count = len(dense)
+    gather_names = [gather_name for _, gather_name in _group_names(name, slices)]
+    inputs = list(dense)
+    for piece in slices:
+        inputs += [piece.values, piece.indices]
+
+    def reduce(*arrays):
+        group = collectives.grouped_allreduce_async(arrays[:count], name, op, prescale, postscale) if count else None
+        gathers = [collectives.allgather_async(array, gather_name)
+                   for array, gather_name in zip(arrays[count:], gather_names)]
+        return (group.wait() if count else []) + [gather.wait() for gather in gathers]
+
+    shapes = [tensor.shape for tensor in dense] + [_rows_shape(tensor.shape) for tensor in inputs[count:]]
+    outputs = run_on_host(reduce, inputs, [tensor.dtype for tensor in inputs], shapes)
+    gathered = []
+    for index, piece in enumerate(slices):
+        values, indices = outputs[count + 2 * index:count + 2 * index + 2]
+        if scale != 1.0:
+            values = values * tf.cast(scale, values.dtype)
+        gathered.append(tf.IndexedSlices(values, indices, piece.dense_shape))
+    return outputs[:count], gathered
+
+
+def _grouped_allreduce(tensors, name, op, prescale, postscale):
+    @tf.custom_gradient
+    def reduce(*xs):
+        def grad(*upstream):
+            _check_differentiable("grouped_allreduce", op)
+            return _grouped_allreduce(list(upstream), f"{name}.grad", op, prescale, postscale)
+
+        return _reduce_group(list(xs), [], name, op, prescale, postscale)[0], grad
+
+    return reduce(*tensors)
+
+
+def grouped_allreduce(tensors, average=None, compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, name=None):
+    """All-reduce `tensors` in one host op: the dense ones as one fused group (differentiable
+    when all are dense), IndexedSlices by allgather. Arguments as in allreduce; returns a list."""
+    name = collective_name("grouped_allreduce", name)
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    try:
+        op = _reduce_op(average, op)
+        tensors = [t if isinstance(t, tf.IndexedSlices) else as_tensor(t, what("grouped_allreduce", name))
+                   for t in tensors]
+        slices = [t for t in tensors if isinstance(t, tf.IndexedSlices)]
+        _slices_scale(name, op, prescale_factor, postscale_factor, slices)
+    except (TypeError, ValueError) as error:
+        return [_fail_everywhere(error, _group_names(name, tensors))] * len(tensors)
+    dense = [(i, compression.compress(t)) for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    wires = [wire for _, (wire, _) in dense]
+    if slices:
+        reduced, gathered = _reduce_group(wires, slices, name, op, prescale_factor, postscale_factor)
+    else:
+        reduced, gathered = _grouped_allreduce(wires, name, op, prescale_factor, postscale_factor), []
+    results = [None] * len(tensors)
+    for (i, (_, ctx)), value in zip(dense, reduced):
+        results[i] = compression.decompress(value, ctx)
+    for i, value in zip([i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)], gathered):
+        results[i] = value
+    return results
+
+
+# -- allgather ----------------------------------------------------------------------------
+def _host_allgather(tensor, name):
+    def gather(array):
+        return [collectives.allgather(array, name)]
+
+    return run_on_host(gather, [tensor], [tensor.dtype], [_rows_shape(tensor.shape)])[0]
+
+
+def _allgather(tensor, name):
+    @tf.custom_gradient
+    def gather(x):
+        def grad(upstream):
+            summed = _allreduce(upstream, f"{name}.grad", Sum, 1.0, 1.0)
+            rows = _host_allgather(tf.shape(x, out_type=tf.int64)[:1], f"{name}.grad.rows")
+            rank = runtime.rank()
+            start = tf.reduce_sum(rows[:rank])
+            return summed[start:start + rows[rank]]
+
+        return _host_allgather(x, name), grad
+
+    return gather(tensor)
+
+
+def allgather(tensor, name=None):
+    """Every rank's `tensor` concatenated along the first dimension, which may differ per rank."""
+    name = collective_name("allgather", name)
+    try:
+        tensor = as_tensor(tensor, what("allgather", name))
+    except TypeError as error:
+        return _fail_everywhere(error, [("allgather", name)])
+    return _allgather(tensor, name)
+
+
+def grouped_allgather(tensors, name=None):
+    """Allgather each of `tensors` (named `name.0`, `name.1`...); returns a list."""
+    base = collective_name("grouped_allgather", name)
+    return [allgather(tensor, f"{base}.{index}") for index, tensor in enumerate(tensors)]
+
+
+# -- broadcast ----------------------------------------------------------------------------
+def _host_broadcast(tensor, root_rank, name):
+    def give(array):
+        return [collectives.broadcast(array, root_rank, name)]
+
+    return run_on_host(give, [tensor], [tensor.dtype], [tensor.shape])[0]
+
+
+def _broadcast(tensor, root_rank, name):
+    @tf.custom_gradient
+    def give(x):
+        def grad(upstream):
+            summed = _allreduce(upstream, f"{name}.grad", Sum, 1.0, 1.0)
+            return summed if runtime.rank() == root_rank else tf.zeros_like(summed)
+
+        return _host_broadcast(x, root_rank, name), grad
+
+    return give(tensor)
+
+
+def broadcast(tensor, root_rank, name=None):
+    """`root_rank`'s `tensor` on every rank (the others' give only shape and dtype)."""
+    name = collective_name("broadcast", name)
+    try:
+        tensor = as_tensor(tensor, what("broadcast", name))
+    except TypeError as error:
+        return _fail_everywhere(error, [("broadcast", name)])
+    return _broadcast(tensor, root_rank, name)
+
+
+# -- alltoall and reducescatter ------------------------------------------------------------
+def _host_alltoall(tensor, splits, name):
+    def exchange(array, *given):
+        received, counts = collectives.alltoall(array, given[0] if given else None, name)
+        return [received, np.asarray(counts, dtype=np.int32)]
+
+    inputs = [tensor] + ([splits] if splits is not None else [])
+    return run_on_host(exchange, inputs, [tensor.dtype, tf.int32],
+                       [_rows_shape(tensor.shape), tf.TensorShape([runtime.size()])])
+
+
+def _alltoall(tensor, splits, name):
+    @tf.custom_gradient
+    def exchange(x):
+        received, received_splits = _host_alltoall(x, splits, name)
+
+        def grad(upstream, _):
+            return _alltoall(upstream, received_splits, f"{name}.grad")[0]
+
+        return (received, received_splits), grad
+
+    return exchange(tensor)
+
+
+def alltoall(tensor, splits=None, name=None):
+    """Rows `splits[r]` of `tensor` go to rank r (an even split when None).
+
+    Returns (rows received from every rank, in rank order; int32 rows received from each)."""
+    name = collective_name("alltoall", name)
+    try:
+        tensor = as_tensor(tensor, what("alltoall", name))
+        if splits is not None:
+            splits = as_tensor(splits, f"{what('alltoall', name)} splits")
+    except TypeError as error:
+        return _fail_everywhere(error, [("alltoall", name)]), tf.zeros([runtime.size()], tf.int32)
+    return _alltoall(tensor, splits, name)
+
+
+def _host_reducescatter(tensor, name, op, prescale, postscale):
+    def scatter(array):
+        return [collectives.reducescatter(array, op, prescale, postscale, name)]
+
+    return run_on_host(scatter, [tensor], [tensor.dtype], [_rows_shape(tensor.shape)])[0]
+
+
+def _reducescatter(tensor, name, op, prescale, postscale):
+    @tf.custom_gradient
+    def scatter(x):
+        def grad(upstream):
+            _check_differentiable("reducescatter", op)
+            gathered = _allgather(upstream, f"{name}.grad")
+            scale = prescale * postscale / (runtime.size() if op == Average else 1)
+            return gathered * tf.cast(scale, gathered.dtype) if scale != 1.0 else gathered
+
+        return _host_reducescatter(x, name, op, prescale, postscale), grad
+
+    return scatter(tensor)
+
+
+def reducescatter(tensor, compression=Compression.none, op=Average, name=None, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """`tensor` reduced over ranks, of which rank r keeps block r of the rows (the first
+    `rows % size` ranks one row more)."""
+    name = collective_name("reducescatter", name)
+    try:
+        op = as_reduce_op(op)
+        tensor = as_tensor(tensor, what("reducescatter", name))
+    except (TypeError, ValueError) as error:
+        return _fail_everywhere(error, [("reducescatter", name)])
+    wire, ctx = compression.compress(tensor)
+    return compression.decompress(_reducescatter(wire, name, op, prescale_factor, postscale_factor), ctx)
+
+
+# -- join and barrier ------------------------------------------------------------------------
+def join():
+    """This rank is out of data (see hvdplus.join); returns the last rank to join, as an
+    int32 scalar tensor."""
+    return run_on_host(lambda: [np.int32(collectives.join())], [], [tf.int32], [tf.TensorShape([])])[0]
+
+
+def barrier():
+    """Wait until every rank has reached this barrier (in a graph: when its op runs)."""
+    name = collective_name("barrier")
+
+    def wait():
+        collectives.barrier(name)
+        return []
+
+    run_on_host(wait, [], [], [])
