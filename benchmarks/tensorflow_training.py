@@ -1,0 +1,258 @@
+"""TensorFlow 2 training throughput with hvdplus against tf.distribute and communication-free ranks.
+
+    hvdplusrun -np 2 python benchmarks/tensorflow_training.py
+    hvdplusrun -np 2 python benchmarks/tensorflow_training.py --only-multiworker
+
+For an MLP of 8 Dense(256) layers, batch 64 per process, synthetic data and one intra-op and
+one inter-op thread per process, measures in one job:
+  (a) model.fit under tf.distribute.MirroredStrategy (one CPU device per process) with
+      hvd.CrossDeviceOps();
+  (b) a custom tf.function loop with hvd.DistributedGradientTape;
+  (c) tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG on two loopback ports that rank 0
+      picks and broadcasts before TensorFlow starts), as a custom loop of strategy.run inside
+      tf.function: Keras 3's model.fit fails under it upstream (keras-team/keras#20585);
+  (d) every process training its own copy with a plain custom loop ("independent ranks", what
+      this machine can give n processes at all);
+  (e) one process alone.
+Prints samples/s of all processes together, scaling efficiency = (b)/(d) and (a)/(d), and
+ratios to (c).
+
+TensorFlow configures its collective ops once per process, before its runtime starts
+("Collective ops must be configured at program startup" otherwise), so (c)'s strategy is
+created first, before any tensor, and measured last; (a), (b), (d) and (e) run in the same
+context without trouble. Creating and measuring (c) each run in a thread with a time limit:
+a failure or a hang is printed as "MultiWorkerMirroredStrategy: failed (<reason>)" and the
+other measurements stand. --only-multiworker measures (c) alone.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import threading
+import time
+
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from mpi4py import MPI  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+
+
+def free_loopback_ports(count):
+    """`count` ports free on 127.0.0.1 at the time of asking."""
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def set_tf_config(comm):
+    """TF_CONFIG for one worker per process on loopback ports chosen by rank 0."""
+    ports = comm.bcast(free_loopback_ports(comm.Get_size()) if comm.Get_rank() == 0 else None, root=0)
+    os.environ["TF_CONFIG"] = json.dumps({
+        "cluster": {"worker": [f"localhost:{port}" for port in ports]},
+        "task": {"type": "worker", "index": comm.Get_rank()},
+    })
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-size", type=int, default=64, help="rows per step on each process")
+    parser.add_argument("--steps", type=int, default=100, help="steps per timed round")
+    parser.add_argument("--multiworker-timeout", type=float, default=90.0,
+                        help="seconds (c) may take before it is reported as failed")
+    parser.add_argument("--only-multiworker", action="store_true", help="run (c) alone")
+    return parser.parse_args()
+
+
+ARGS = parse_args()
+set_tf_config(WORLD)  # before TensorFlow starts
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hvdplus.tensorflow as hvd  # noqa: E402
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def build_model(width=256, depth=8):
+    layers = [keras.Input((width,))]
+    layers += [keras.layers.Dense(width, activation="relu") for _ in range(depth)]
+    return keras.Sequential(layers + [keras.layers.Dense(10)])
+
+
+def optimizer():
+    return keras.optimizers.SGD(0.01, momentum=0.9)
+
+
+def throughput(run, batch, steps, participants, comm=WORLD):
+    """Samples/s of all `participants` processes together (median of 3 timed rounds of `steps`)."""
+    run(3)
+    rounds = []
+    for _ in range(3):
+        comm.Barrier()
+        start = time.perf_counter()
+        run(steps)
+        elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+        rounds.append(participants * batch * steps / elapsed)
+    return statistics.median(rounds)
+
+
+def custom_loop(step, x, y):
+    """run(n): n calls of the tf.function `step` on the same batch."""
+    def run(n):
+        for _ in range(n):
+            step(x, y)
+    return run
+
+
+def mirrored_fit(x, y, batch):
+    """(a) model.fit under MirroredStrategy, one CPU device per process, hvdplus across processes."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"], cross_device_ops=hvd.CrossDeviceOps())
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer=optimizer(), loss=LOSS)
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    return lambda n: model.fit(x[:n * batch], y[:n * batch], batch_size=batch, epochs=1, verbose=0, shuffle=False)
+
+
+def gradient_tape_loop(x, y, distributed):
+    """(b) with hvd.DistributedGradientTape, (d) and (e) with a plain tape."""
+    model, opt = build_model(), optimizer()
+    opt.build(model.trainable_variables)
+    if distributed:
+        hvd.broadcast_variables(model.variables + opt.variables, root_rank=0)
+
+    @tf.function
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            loss = LOSS(labels, model(images, training=True))
+        if distributed:
+            tape = hvd.DistributedGradientTape(tape)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return custom_loop(step, x, y)
+
+
+def multiworker_strategy():
+    """MultiWorkerMirroredStrategy from TF_CONFIG, ring collectives over gRPC on loopback."""
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def multiworker_loop(strategy, x, y, batch):
+    """(c) strategy.run of a tape step inside tf.function, the loss averaged over the global batch."""
+    global_batch = batch * strategy.num_replicas_in_sync
+    with strategy.scope():
+        model, opt = build_model(), optimizer()
+        opt.build(model.trainable_variables)
+
+    def replica_step(images, labels):
+        with tf.GradientTape() as tape:
+            per_row = keras.losses.sparse_categorical_crossentropy(labels, model(images, training=True),
+                                                                   from_logits=True)
+            loss = tf.nn.compute_average_loss(per_row, global_batch_size=global_batch)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(images, labels):
+        return strategy.run(replica_step, args=(images, labels))
+
+    return custom_loop(step, x, y)
+
+
+def guarded(work, timeout):
+    """`work(comm)` in a daemon thread on a communicator of its own, for at most `timeout` seconds.
+
+    Returns (result, None, False), or on every rank (None, reason, hung) where any rank failed
+    or timed out; hung says whether this rank's thread is still running.
+    """
+    comm = WORLD.Dup()
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = work(comm)
+        except Exception as error:  # reported, not raised: the other measurements stand
+            outcome["error"] = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    reason = outcome.get("error") or (None if "value" in outcome else f"no result after {timeout:g} s")
+    failures = [f"rank {rank}: {text}" for rank, text in enumerate(WORLD.allgather(reason)) if text]
+    if failures:
+        return None, "; ".join(failures), thread.is_alive()
+    return outcome["value"], None, False
+
+
+def report(results, multiworker_error, batch):
+    n = hvd.size()
+    print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, {n} processes x 1 thread, "
+          f"MLP 8 x 256, batch {batch} per process; samples/s of all processes together")
+    for label, value in results.items():
+        print(f"  {label:34s} {value:10.1f}")
+    if multiworker_error:
+        print(f"MultiWorkerMirroredStrategy: failed ({multiworker_error})")
+    independent = results.get("(d) independent ranks")
+    if independent:
+        for label in ("(b) DistributedGradientTape", "(a) MirroredStrategy fit + hvdplus"):
+            print(f"  scaling efficiency {label} / (d): {results[label] / independent:.3f}")
+    multiworker = results.get("(c) MultiWorkerMirroredStrategy")
+    if multiworker:
+        for label, value in results.items():
+            if not label.startswith("(c)"):
+                print(f"  {label} / (c): {value / multiworker:.2f}x")
+    print(flush=True)
+
+
+def main():
+    # TensorFlow configures collective ops once, before its runtime starts: (c)'s strategy first.
+    strategy, error, hung = guarded(lambda comm: multiworker_strategy(), ARGS.multiworker_timeout)
+    hvd.init()
+    batch = ARGS.batch_size
+    rng = np.random.default_rng(hvd.rank())
+    rows = batch * ARGS.steps
+    x = rng.normal(size=(rows, 256)).astype("float32")
+    y = rng.integers(0, 10, rows)
+    x_batch, y_batch = tf.constant(x[:batch]), tf.constant(y[:batch])
+
+    results = {}
+    if not ARGS.only_multiworker:
+        results["(a) MirroredStrategy fit + hvdplus"] = throughput(mirrored_fit(x, y, batch), batch, ARGS.steps,
+                                                                   hvd.size())
+        results["(b) DistributedGradientTape"] = throughput(gradient_tape_loop(x_batch, y_batch, True), batch,
+                                                            ARGS.steps, hvd.size())
+        alone = gradient_tape_loop(x_batch, y_batch, False)
+        results["(d) independent ranks"] = throughput(alone, batch, ARGS.steps, hvd.size())
+        results["(e) one process alone"] = throughput(lambda n: alone(n) if hvd.rank() == 0 else None, batch,
+                                                      ARGS.steps, 1)
+    if strategy is not None:
+        value, error, hung = guarded(
+            lambda comm: throughput(multiworker_loop(strategy, x_batch, y_batch, batch), batch, ARGS.steps,
+                                    comm.Get_size(), comm),
+            ARGS.multiworker_timeout)
+        if value is not None:
+            results["(c) MultiWorkerMirroredStrategy"] = value
+    if hvd.rank() == 0:
+        report(results, error, batch)
+    if WORLD.allreduce(hung, op=MPI.LOR):
+        hvd.shutdown()
+        MPI.Finalize()
+        os._exit(0)  # a hung TensorFlow collective would keep the interpreter from exiting
+
+
+if __name__ == "__main__":
+    main()
