@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 import hvdplus as hvd
 from hvdplus.common import runtime
-from peers import init_gloo
+from harness import init_gloo
 
 WORLD = MPI.COMM_WORLD
 

@@ -29,9 +29,7 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import threading
-import time
 
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
@@ -80,6 +78,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdplus.tensorflow as hvd  # noqa: E402
+from harness import throughput  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -92,19 +91,6 @@ def build_model(width=256, depth=8):
 
 def optimizer():
     return keras.optimizers.SGD(0.01, momentum=0.9)
-
-
-def throughput(run, batch, steps, participants, comm=WORLD):
-    """Samples/s of all `participants` processes together (median of 3 timed rounds of `steps`)."""
-    run(3)
-    rounds = []
-    for _ in range(3):
-        comm.Barrier()
-        start = time.perf_counter()
-        run(steps)
-        elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-        rounds.append(participants * batch * steps / elapsed)
-    return statistics.median(rounds)
 
 
 def custom_loop(step, x, y):

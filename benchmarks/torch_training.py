@@ -10,14 +10,12 @@ and scaling efficiency = hvdplus throughput / independent-ranks throughput.
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 from mpi4py import MPI
 
 import hvdplus.torch as hvd
-from peers import init_gloo
+from harness import init_gloo, throughput
 
 WORLD = MPI.COMM_WORLD
 
@@ -63,19 +61,6 @@ def train_steps(model, optimizer, data, target, steps):
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(data), target).backward()
         optimizer.step()
-
-
-def throughput(run, batch, steps, participants):
-    """Samples/s of all `participants` ranks together (median of 3 timed rounds)."""
-    run(3)
-    rounds = []
-    for _ in range(3):
-        WORLD.Barrier()
-        start = time.perf_counter()
-        run(steps)
-        elapsed = WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX)
-        rounds.append(participants * batch * steps / elapsed)
-    return statistics.median(rounds)
 
 
 def measure(name, steps):

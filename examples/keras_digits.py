@@ -13,7 +13,6 @@ import os
 import tempfile
 
 import keras
-import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 

@@ -5,7 +5,7 @@ import keras
 import numpy as np
 
 from ..comm import collectives
-from ..common.reduce_ops import Average, Sum
+from ..common.reduce_ops import Average
 
 __all__ = ["allreduce", "allgather", "broadcast", "broadcast_object", "allgather_object",
            "allreduce_gradients"]

@@ -13,7 +13,6 @@ In eval mode with running statistics, the layer is a plain local batch norm.
 """
 
 import torch
-import torch.nn.functional as F
 
 from ..common import runtime
 from ..common.reduce_ops import Sum

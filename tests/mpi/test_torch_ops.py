@@ -1,6 +1,5 @@
 """hvdplus.torch collectives on real tensors against numpy/torch references, autograd, errors."""
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
