@@ -134,9 +134,8 @@ class CollectiveAlgorithms:
             else:
                 result = self.reduce(flat, op, target, algorithm)
         else:
-            result = flat.astype(accumulate)
-            if prescale_factor != 1.0:
-                result *= prescale_factor
+            # Converted or prescaled, so a private copy that may be reduced in place.
+            result = mpi_collectives.prepare_reduction(flat, prescale_factor)
             self.reduce(result, op, algorithm=algorithm)
         if op == _AVERAGE or postscale_factor != 1.0:
             mpi_collectives.finish_reduction(result, op, postscale_factor, self.size)
@@ -170,9 +169,7 @@ class CollectiveAlgorithms:
         offsets = [0]
         for count in rows:
             offsets.append(offsets[-1] + count * row_elements)
-        source = np.ascontiguousarray(array, dtype=accumulation_dtype(array.dtype)).reshape(-1)
-        if prescale_factor != 1.0:
-            source = source * prescale_factor
+        source = mpi_collectives.prepare_reduction(array, prescale_factor).reshape(-1)
         output = np.empty((rows[self.topology.rank],) + array.shape[1:], dtype=source.dtype)
         window.reducescatter(source, op, offsets, output.reshape(-1))
         if op == _AVERAGE or postscale_factor != 1.0:

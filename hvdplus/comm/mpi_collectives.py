@@ -14,7 +14,7 @@ from mpi4py import MPI
 from ..common.dtypes import accumulation_dtype
 from ..common.reduce_ops import ReduceOp
 
-__all__ = ["MPI_OPS", "finish_reduction", "allgather", "broadcast", "alltoall", "reducescatter", "reducescatter_rows"]
+__all__ = ["MPI_OPS", "prepare_reduction", "finish_reduction", "allgather", "broadcast", "alltoall", "reducescatter", "reducescatter_rows"]
 
 MPI_OPS = {
     ReduceOp.AVERAGE: MPI.SUM,
@@ -37,11 +37,12 @@ def _displacements(counts: Sequence[int]) -> np.ndarray:
     return np.concatenate(([0], np.cumsum(counts[:-1], dtype=np.int64))).astype(np.int64)
 
 
-def _prepare_reduction(array, prescale_factor):
-    """A private copy in the accumulation dtype, already prescaled."""
-    work = np.array(array, dtype=accumulation_dtype(array.dtype), order="C", copy=True)
+def prepare_reduction(array, prescale_factor):
+    """`array` C-contiguous, in its accumulation dtype and prescaled: a new array whenever any
+    of that changed it, else `array` itself, which the caller must then not write to."""
+    work = np.ascontiguousarray(array, dtype=accumulation_dtype(array.dtype))
     if prescale_factor != 1.0:
-        work *= prescale_factor
+        work = work * prescale_factor
     return work
 
 
@@ -93,7 +94,7 @@ def reducescatter(comm, array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postsca
     size = comm.Get_size()
     rows = reducescatter_rows(array.shape[0], size)
     row_elems = math.prod(array.shape[1:])
-    work = _prepare_reduction(array, prescale_factor)
+    work = prepare_reduction(array, prescale_factor)
     output = np.empty((rows[comm.Get_rank()],) + array.shape[1:], dtype=work.dtype)
     if size == 1:
         output[...] = work
