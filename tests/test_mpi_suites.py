@@ -25,11 +25,19 @@ def test_topology_with_simulated_nodes(nranks, ranks_per_node):
 
 
 @pytest.mark.timeout(300)
-def test_collectives_with_tiny_fusion_buffer_and_no_response_cache():
+def test_collectives_with_tiny_fusion_buffer_no_response_cache_and_overlap():
     # Every fused batch splits and every name negotiates in full: the paths steady state skips.
+    # Overlap on: collectives run in the background at once (auto picks off on this machine).
     run_pytest_on_ranks(
-        3, ["tests/mpi"], env={"HVDPLUS_FUSION_THRESHOLD": "1000", "HVDPLUS_CACHE_CAPACITY": "0"}
+        3, ["tests/mpi"],
+        env={"HVDPLUS_FUSION_THRESHOLD": "1000", "HVDPLUS_CACHE_CAPACITY": "0", "HVDPLUS_OVERLAP": "on"},
     )
+
+
+@pytest.mark.timeout(300)
+def test_engine_and_optimizer_with_overlap_on_two_ranks():
+    run_pytest_on_ranks(2, ["tests/mpi/test_engine.py", "tests/mpi/test_torch_optimizer.py"],
+                        env={"HVDPLUS_OVERLAP": "on"})
 
 
 @pytest.mark.timeout(300)

@@ -3,7 +3,7 @@
 import pytest
 
 from hvdplus.common.errors import error_from_wire
-from hvdplus.common.negotiation import JOIN, Coordinator
+from hvdplus.common.negotiation import JOIN, NOT_WAITING, WAITING, Coordinator
 from hvdplus.common.reduce_ops import Sum
 from hvdplus.common.requests import Request
 
@@ -116,3 +116,30 @@ def test_stalled_lists_submitters_and_missing_ranks():
     assert c.stalled(older_than=10.0) == []
     now[0] = 12.0
     assert c.stalled(older_than=10.0) == [("slow", [0, 2], [1], pytest.approx(12.0))]
+
+
+def test_on_demand_holds_ready_names_until_a_rank_waits_then_fuses_them_all():
+    c = Coordinator(2, 1 << 20, 16, lambda: 0.0, release_on_demand=True)
+    for rank in (0, 1):
+        c.add(rank, [allreduce("a"), allreduce("b")])
+    assert c.take_batches() == []
+    c.add(1, [WAITING, allreduce("c")])
+    c.add(0, [allreduce("c")])
+    assert [batch.names for batch in c.take_batches()] == [["a", "b", "c"]]
+    c.add(0, [allreduce("d")])
+    c.add(1, [allreduce("d")])
+    assert [batch.names for batch in c.take_batches()] == [["d"]]  # rank 1 still waits
+    c.add(1, [NOT_WAITING])
+    for rank in (0, 1):
+        c.add(rank, [allreduce("e")])
+    assert c.take_batches() == []
+
+
+def test_on_demand_releases_for_a_wait_that_already_ended():
+    # A poll: WAITING and NOT_WAITING both arrived before the coordinator looked.
+    c = Coordinator(2, 1 << 20, 16, lambda: 0.0, release_on_demand=True)
+    for rank in (0, 1):
+        c.add(rank, [allreduce("a")])
+    c.add(1, [WAITING])
+    c.add(1, [NOT_WAITING])
+    assert [batch.names for batch in c.take_batches()] == [["a"]]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvdplus.common.settings import Settings
+from hvdplus.common.settings import Settings, overlaps_compute
 
 
 def test_defaults():
@@ -29,7 +29,25 @@ def test_hierarchical_flag_selects_the_algorithm():
     ({"HVDPLUS_ALLREDUCE_ALGO": "fastest"}, "expected one of auto, mpi, ring"),
     ({"HVDPLUS_FUSION_THRESHOLD": "lots"}, "not a valid int"),
     ({"HVDPLUS_RANKS_PER_NODE": "-2"}, "must be positive"),
+    ({"HVDPLUS_OVERLAP": "sometimes"}, "expected one of auto, on, off"),
 ])
 def test_bad_values_are_named(environ, message):
     with pytest.raises(ValueError, match=message):
         Settings.from_env(environ)
+
+
+@pytest.mark.parametrize("raw, mode", [(None, "auto"), ("1", "on"), ("ON", "on"), ("false", "off")])
+def test_overlap_spellings(raw, mode):
+    environ = {} if raw is None else {"HOROVOD_OVERLAP": raw}
+    assert Settings.from_env(environ).overlap == mode
+
+
+@pytest.mark.parametrize("mode, ranks, cores, expected", [
+    ("auto", 2, 2, False),  # every core trains: hold collectives for the waiters
+    ("auto", 2, 4, True),   # a core to spare for each engine thread
+    ("auto", 8, 16, True),
+    ("on", 2, 2, True),
+    ("off", 1, 64, False),
+])
+def test_overlap_needs_a_spare_core_per_rank(mode, ranks, cores, expected):
+    assert overlaps_compute(mode, ranks, cores) is expected

@@ -164,8 +164,10 @@ def alltoall_async(array, splits=None, name=None):
 
 
 def poll(handle) -> bool:
-    """True when the operation behind `handle` has finished (successfully or not)."""
-    return handle.done()
+    """True when the operation behind `handle` has finished (successfully or not).
+
+    Polling lets the engine take a step from this thread, so a loop of polls progresses."""
+    return handle.poll()
 
 
 def synchronize(handle):

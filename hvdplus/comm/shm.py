@@ -25,6 +25,7 @@ import bisect
 import itertools
 import os
 import platform
+import time
 from typing import List
 
 import numpy as np
@@ -38,6 +39,10 @@ __all__ = ["SharedWindow"]
 CHUNK_BYTES = 4 * 1024 * 1024
 # Each segment starts with its rank's barrier counter, alone on a cache line.
 HEADER_BYTES = 64
+# A barrier yields the core this many times (about a millisecond when nothing else runs),
+# then sleeps between looks: a peer that is still computing may take much longer.
+_YIELDS_BEFORE_SLEEP = 2000
+_SLEEP_S = 50e-6
 _STORES_ARE_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
@@ -65,9 +70,14 @@ class SharedWindow:
         self._arrivals += 1
         arrivals = self._arrivals
         self._counters[self.rank][0] = arrivals
+        looks = 0
         for counter in self._counters:
             while counter[0] < arrivals:
-                os.sched_yield()
+                looks += 1
+                if looks < _YIELDS_BEFORE_SLEEP:
+                    os.sched_yield()
+                else:
+                    time.sleep(_SLEEP_S)
 
     def free(self) -> None:
         self._views.clear()

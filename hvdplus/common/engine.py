@@ -3,9 +3,15 @@
 Callers on any thread `submit` named operations and get a `Handle`. The engine thread
 sends each rank's new requests to rank 0, whose `Coordinator` answers every rank with
 the same ordered list of batches once all ranks have submitted a name; every rank then
-runs those batches in that order. The thread never spins at full speed: while work is
-outstanding it polls with short sleeps, and when idle it sleeps for the cycle time or
-until something is submitted, so it leaves the cores to the training loop.
+runs those batches in that order.
+
+The thread never spins and never wakes without a reason, so it leaves the cores to the
+training loop: with nothing in flight it sleeps until something is submitted (looking
+around once a second for shutdowns and stalls); with work in flight it cycles every
+`cycle_time_ms`. Where the node has no core to spare for it (`overlap` off), agreed
+collectives wait until some rank waits for one, and the thread's cycle stretches while
+no caller waits: the data moves when the ranks' cores are free, driven by the waiting
+callers themselves (see `wait_for`).
 """
 
 import collections
@@ -25,7 +31,7 @@ from ..comm.batches import JOINED, execute_batch
 from .errors import HvdplusError, ShutdownError, StalledError, error_from_wire
 from .fusion import FusionBuffer
 from .handles import Handle
-from .negotiation import JOIN, SHUTDOWN, Batch, Coordinator
+from .negotiation import JOIN, NOT_WAITING, SHUTDOWN, WAITING, Batch, Coordinator
 from .requests import Request
 from .timeline import Timeline, now_us
 
@@ -37,6 +43,10 @@ _RESPONSE_TAG = 102
 _SHUTDOWN_WAIT_S = 10.0
 # How long a caller blocked on a handle drives the engine itself before it sleeps.
 _CALLER_SPIN_S = 0.020
+# With nothing in flight, the thread still looks for shutdowns and stalls this often.
+_HOUSEKEEPING_S = 1.0
+# Longest cycle while collectives are held and nobody waits (overlap off).
+_MAX_BACKOFF_S = 0.050
 
 
 @dataclasses.dataclass(eq=False)
@@ -56,15 +66,17 @@ class Entry:
 class Engine:
     """Owns the control and data communicators and the thread that drives them."""
 
-    def __init__(self, comm, settings, algorithms):
+    def __init__(self, comm, settings, algorithms, overlap: bool = True):
         self.data_comm = comm
+        self.overlap = overlap
         self.algorithms = algorithms
         self.control_comm = comm.Dup()
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.settings = settings
         self.coordinator = (
-            Coordinator(self.size, settings.fusion_threshold_bytes, settings.cache_capacity)
+            Coordinator(self.size, settings.fusion_threshold_bytes, settings.cache_capacity,
+                        release_on_demand=not overlap)
             if self.rank == 0 else None
         )
         self.timeline: Optional[Timeline] = None
@@ -83,6 +95,11 @@ class Engine:
         self._stop_requested = False
         self._finished = False
         self._callers_driving = 0
+        self._waiters = 0
+        self._told_waiting = False
+        self._sleeping_idle = False
+        self._cycle_s = settings.cycle_time_ms / 1000.0
+        self._backoff_s = self._cycle_s
         self._progress = threading.Lock()
         self._shutdown_sent = False
         self._failure: Optional[BaseException] = None
@@ -108,6 +125,9 @@ class Engine:
             entry = Entry(request, payload, handle)
             self._in_flight[request.name] = entry
             self._submitted.append(entry)
+            if self._sleeping_idle:
+                self._sleeping_idle = False
+                self._wake.set()
         return handle
 
     def start_timeline(self, path: str) -> None:
@@ -163,17 +183,41 @@ class Engine:
         virtual machines), far more than a small all-reduce; so a caller that would block
         anyway first runs engine steps itself for a while, yielding the core between steps
         to any process that needs it, and only then sleeps until the engine thread is done."""
-        self._drive_until(handle)
-        with self._completed:
-            while not handle.done():
-                self._completed.wait(timeout=1.0)
+        with self._waiting():
+            self._drive_until(handle, _CALLER_SPIN_S)
+            with self._completed:
+                while not handle.done():
+                    self._completed.wait(timeout=1.0)
 
-    def _drive_until(self, handle: Handle) -> None:
-        deadline = time.monotonic() + _CALLER_SPIN_S
+    def poll(self, handle: Handle) -> bool:
+        """Whether `handle` is done, after one engine step taken as a waiting caller (so
+        that collectives held for a waiter are released to a caller that polls)."""
+        if not handle.done():
+            with self._waiting():
+                self._drive_until(handle, 0.0)
+        return handle.done()
+
+    @contextlib.contextmanager
+    def _waiting(self):
+        with self._lock:
+            self._waiters += 1
+        self._wake.set()  # the engine thread cycles at full rate while someone waits
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiters -= 1
+
+    def _drive_until(self, handle: Handle, spin_s: float) -> None:
+        """Run engine steps on the calling thread until `handle` is done, for up to `spin_s`
+        (at least one step)."""
+        deadline = time.monotonic() + spin_s
         with self._lock:
             self._callers_driving += 1
         try:
-            while not handle.done() and not self._finished and time.monotonic() < deadline:
+            first = True
+            while not handle.done() and not self._finished and (first or time.monotonic() < deadline):
+                first = False
                 if self._progress.acquire(blocking=False):
                     try:
                         with self._failing_aborts_the_job():
@@ -192,6 +236,10 @@ class Engine:
         outgoing = self._drain_submissions()
         if self.coordinator is not None:
             self.coordinator.add(0, outgoing)
+            if self._waiters:
+                self.coordinator.add(0, [WAITING])
+            else:
+                self.coordinator.waiting.discard(0)
             self._receive_requests()
             batches = self.coordinator.take_batches()
             batches += self._stall_batches()
@@ -217,7 +265,12 @@ class Engine:
             stop = self._stop_requested and not self._shutdown_sent
             if stop:
                 self._shutdown_sent = True
+            waiting = self._waiters > 0
         outgoing = [self._outgoing_item(entry) for entry in entries]
+        if self.coordinator is None and waiting != self._told_waiting:
+            # Rank 0 hears that this rank waits (or no longer does) before its new requests.
+            self._told_waiting = waiting
+            outgoing.insert(0, WAITING if waiting else NOT_WAITING)
         if stop:
             outgoing.append(SHUTDOWN)
         return outgoing
@@ -240,11 +293,26 @@ class Engine:
             self.coordinator.add(source, self.control_comm.recv(source=source, tag=_REQUEST_TAG))
 
     def _idle(self) -> None:
-        """Sleep one cycle, or until woken. Never poll faster: a thread that spins here takes
-        the GIL and a core from the training loop; callers that wait on a handle poll for
-        themselves (wait_for)."""
-        if self._wake.wait(self.settings.cycle_time_ms / 1000.0):
+        """Sleep until the next cycle, or until woken. Never poll faster: a thread that spins
+        here takes the GIL and a core from the training loop; callers that wait on a handle
+        poll for themselves (wait_for)."""
+        with self._lock:
+            idle = not self._in_flight and not self._stop_requested
+            self._sleeping_idle = idle
+            waiters = self._waiters
+        if idle:
+            timeout = _HOUSEKEEPING_S
+            self._backoff_s = self._cycle_s
+        elif self.overlap or waiters:
+            timeout = self._cycle_s
+        else:
+            # Held until someone waits: look less and less often, sending what was submitted.
+            timeout = self._backoff_s
+            self._backoff_s = min(2 * self._backoff_s, _MAX_BACKOFF_S)
+        if self._wake.wait(timeout):
             self._wake.clear()
+        with self._lock:
+            self._sleeping_idle = False
 
     # -- executing agreed batches -----------------------------------------------------
     def _execute(self, batches: List[Batch]) -> bool:

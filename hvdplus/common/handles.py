@@ -37,6 +37,10 @@ class Handle:
     def done(self) -> bool:
         return self._done
 
+    def poll(self) -> bool:
+        """Whether done, after giving the engine one step from this thread (see Engine.poll)."""
+        return self._done or self._engine.poll(self)
+
     def wait(self):
         """Block until done; return the result or raise the operation's error."""
         if not self._done:
@@ -60,6 +64,9 @@ class HandleGroup:
 
     def done(self) -> bool:
         return all(handle.done() for handle in self.handles)
+
+    def poll(self) -> bool:
+        return all([handle.poll() for handle in self.handles])
 
     def wait(self):
         return [handle.wait() for handle in self.handles]

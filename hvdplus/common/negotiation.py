@@ -9,6 +9,11 @@ up across ranks. Compatible all-reduces are fused into one batch.
 The response cache: once a name has been agreed, every rank may send the small integer id
 the coordinator assigned to it instead of the whole request, and a name whose requests all
 came as ids skips the check; steady-state training steps repeat the same names.
+
+Released on demand: where the engine must not overlap compute (see
+`settings.overlaps_compute`), ready names are held until some rank is waiting for a result
+(a rank reports WAITING and NOT_WAITING as its callers start and stop waiting), and then all
+of them go out together, fused as far as the threshold allows.
 """
 
 import collections
@@ -20,10 +25,12 @@ from .errors import error_to_wire
 from .fusion import fused_nbytes, fusion_key
 from .requests import Request, check_agreement
 
-__all__ = ["Batch", "JOIN", "SHUTDOWN", "Coordinator"]
+__all__ = ["Batch", "JOIN", "SHUTDOWN", "WAITING", "NOT_WAITING", "Coordinator"]
 
 JOIN = "join"
 SHUTDOWN = "shutdown"
+WAITING = "waiting"
+NOT_WAITING = "not waiting"
 # Kinds a joined rank can take part in, contributing zeros or no rows.
 _JOINABLE = ("allreduce", "allgather", "broadcast", "reducescatter", "barrier")
 
@@ -62,8 +69,14 @@ class _Pending:
 class Coordinator:
     """Collects requests from all `size` ranks and hands out batches ready to execute."""
 
-    def __init__(self, size: int, fusion_threshold: int, cache_capacity: int, clock=time.monotonic):
+    def __init__(self, size: int, fusion_threshold: int, cache_capacity: int, clock=time.monotonic,
+                 release_on_demand: bool = False):
         self.size = size
+        self.release_on_demand = release_on_demand
+        # Ranks with a caller waiting now; `_asked` also remembers a wait that began and ended
+        # between two take_batches calls (a poll), so that it still releases what is ready.
+        self.waiting: set = set()
+        self._asked = False
         self.fusion_threshold = fusion_threshold
         self.cache_capacity = cache_capacity
         self.clock = clock
@@ -76,11 +89,17 @@ class Coordinator:
 
     # -- input ------------------------------------------------------------------------
     def add(self, rank: int, items: Sequence) -> None:
-        """Take rank `rank`'s new items: Requests, cache ids (int), JOIN or SHUTDOWN."""
+        """Take rank `rank`'s new items: Requests, cache ids (int), JOIN, SHUTDOWN, WAITING
+        or NOT_WAITING."""
         for item in items:
             if isinstance(item, int):
                 name, by_rank = self._cached[item]
                 self._pend(rank, by_rank[rank], checked=True)
+            elif item == WAITING:
+                self.waiting.add(rank)
+                self._asked = True
+            elif item == NOT_WAITING:
+                self.waiting.discard(rank)
             elif item == JOIN:
                 self.joined.append(rank)
             elif item == SHUTDOWN:
@@ -97,7 +116,11 @@ class Coordinator:
 
     # -- output -----------------------------------------------------------------------
     def take_batches(self) -> List[Batch]:
-        """Everything that became ready since the last call, in execution order."""
+        """Everything that became ready since the last call, in execution order (when
+        releasing on demand: only once some rank waits)."""
+        if self.release_on_demand and not (self.waiting or self._asked):
+            return []
+        self._asked = False
         ready = [name for name, entry in self.pending.items() if self._is_ready(entry)]
         ready = self._whole_groups(ready)
         batches = self._batch(ready)

@@ -12,7 +12,7 @@ import sys
 from typing import Optional, Sequence, Union
 
 from .errors import NotInitializedError
-from .settings import Settings
+from .settings import Settings, overlaps_compute
 
 __all__ = [
     "init", "shutdown", "is_initialized", "current",
@@ -32,7 +32,8 @@ class Runtime:
         self.topology = topology
         self.settings = settings
         self.algorithms = CollectiveAlgorithms(topology, settings.allreduce_algorithm)
-        self.engine = Engine(topology.comm, settings, self.algorithms)
+        overlap = overlaps_compute(settings.overlap, topology.local_comm.Get_size())
+        self.engine = Engine(topology.comm, settings, self.algorithms, overlap=overlap)
         self._name_counters = {}
 
     def name_for(self, kind: str, name: Optional[str]) -> str:

@@ -9,9 +9,10 @@ import dataclasses
 import os
 from typing import Mapping, Optional
 
-__all__ = ["Settings", "ALLREDUCE_ALGORITHMS", "env_names"]
+__all__ = ["Settings", "ALLREDUCE_ALGORITHMS", "OVERLAP_MODES", "env_names", "overlaps_compute"]
 
 ALLREDUCE_ALGORITHMS = ("auto", "mpi", "ring", "hierarchical", "shm")
+OVERLAP_MODES = ("auto", "on", "off")
 
 MIB = 1024 * 1024
 
@@ -59,6 +60,7 @@ class Settings:
     stall_shutdown_seconds: float = 0.0
     node_id: Optional[str] = None
     ranks_per_node: int = 0
+    overlap: str = "auto"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
@@ -72,6 +74,10 @@ class Settings:
         ranks_per_node = _number(environ, "RANKS_PER_NODE", 0, int)
         if ranks_per_node < 0:
             raise ValueError(f"HVDPLUS_RANKS_PER_NODE must be positive, got {ranks_per_node}")
+        overlap = (_lookup(environ, "OVERLAP") or "auto").strip().lower()
+        overlap = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(overlap, overlap)
+        if overlap not in OVERLAP_MODES:
+            raise ValueError(f"HVDPLUS_OVERLAP={overlap!r}; expected one of {', '.join(OVERLAP_MODES)}")
         return cls(
             fusion_threshold_bytes=_number(environ, "FUSION_THRESHOLD", cls.fusion_threshold_bytes, int),
             cycle_time_ms=_number(environ, "CYCLE_TIME", cls.cycle_time_ms),
@@ -82,4 +88,20 @@ class Settings:
             stall_shutdown_seconds=_number(environ, "STALL_SHUTDOWN_TIME_SECONDS", cls.stall_shutdown_seconds),
             node_id=_lookup(environ, "NODE_ID"),
             ranks_per_node=ranks_per_node,
+            overlap=overlap,
         )
+
+
+def overlaps_compute(mode: str, ranks_on_node: int, cores: Optional[int] = None) -> bool:
+    """Whether collectives should run in the background while the training loop computes.
+
+    That pays only when the node has a core to spare for each rank's engine thread (GPU
+    training, or fewer ranks than cores). Where every core already trains, work done in the
+    background is time-shared with the compute it was meant to hide behind, and a rank that
+    waits in the background for a slower peer steals its own core; there hvdplus holds agreed
+    collectives until some rank waits for one, and runs them then, with the cores free."""
+    if mode != "auto":
+        return mode == "on"
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores >= 2 * ranks_on_node

@@ -36,14 +36,18 @@ class TensorHandle:
     def done(self) -> bool:
         return self._core.done()
 
+    def poll(self) -> bool:
+        return self._core.poll()
+
     def wait(self):
         result = self._core.wait()
         return self._finish(result) if self._finish is not None else result
 
 
 def poll(handle) -> bool:
-    """True once the operation behind `handle` has finished."""
-    return handle.done()
+    """True once the operation behind `handle` has finished (a poll lets the engine take
+    a step from this thread, so a loop of polls progresses)."""
+    return handle.poll()
 
 
 def synchronize(handle):
@@ -228,6 +232,9 @@ class _HandleList:
 
     def done(self) -> bool:
         return all(h.done() for h in self.handles)
+
+    def poll(self) -> bool:
+        return all([h.poll() for h in self.handles])
 
     def wait(self):
         return [h.wait() for h in self.handles]

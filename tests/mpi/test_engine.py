@@ -92,6 +92,23 @@ def test_poll_turns_true_and_synchronize_returns(rank, size):
     np.testing.assert_array_equal(hvd.synchronize(handle), np.full(8, size))
 
 
+def test_rank_blocked_outside_hvdplus_still_completes_its_collectives(rank, size):
+    # Rank 0 never waits on its handle until rank 1 has its result: rank 0's engine thread
+    # must run the all-reduce on its own, even where collectives are held for waiters.
+    from mpi4py import MPI
+    handle = hvd.allreduce_async(np.full(4, rank + 1.0), name="background", op=hvd.Sum)
+    if rank == 0:
+        received = MPI.COMM_WORLD.recv(source=size - 1, tag=77) if size > 1 else None
+    else:
+        result = hvd.synchronize(handle)
+        if rank == size - 1:
+            MPI.COMM_WORLD.send(result, dest=0, tag=77)
+    expected = np.full(4, size * (size + 1) / 2)
+    np.testing.assert_array_equal(hvd.synchronize(handle), expected)
+    if rank == 0 and size > 1:
+        np.testing.assert_array_equal(received, expected)
+
+
 def test_async_mismatch_raises_everywhere_and_later_work_goes_on(rank, size):
     if size < 2:
         pytest.skip("needs two ranks")
