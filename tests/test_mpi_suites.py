@@ -27,10 +27,12 @@ def test_topology_with_simulated_nodes(nranks, ranks_per_node):
 @pytest.mark.timeout(300)
 def test_collectives_with_tiny_fusion_buffer_no_response_cache_and_overlap():
     # Every fused batch splits and every name negotiates in full: the paths steady state skips.
-    # Overlap on: collectives run in the background at once (auto picks off on this machine).
+    # Overlap on: collectives run in the background at once (auto picks off on this machine);
+    # single copy off: large shared-memory all-reduces stage through the window instead.
     run_pytest_on_ranks(
         3, ["tests/mpi"],
-        env={"HVDPLUS_FUSION_THRESHOLD": "1000", "HVDPLUS_CACHE_CAPACITY": "0", "HVDPLUS_OVERLAP": "on"},
+        env={"HVDPLUS_FUSION_THRESHOLD": "1000", "HVDPLUS_CACHE_CAPACITY": "0", "HVDPLUS_OVERLAP": "on",
+             "HVDPLUS_SINGLE_COPY": "0"},
     )
 
 

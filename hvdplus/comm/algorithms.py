@@ -38,6 +38,12 @@ _AVERAGE = ReduceOp.AVERAGE  # a module constant: enum attribute lookups are slo
 SMALL_BYTES = 64 * 1024
 # Allgather only moves data, which MPI's single-copy transport does well until about here.
 SHM_ALLGATHER_BYTES = 32 * 1024 * 1024
+# A fused batch's arrays between these sizes are each all-reduced by MPI_Allreduce in place:
+# measured on 2 ranks, 24 x 256 KiB took 1.2 ms that way, 1.5 ms read directly from the peers
+# (single_copy) and 1.6 ms through the window; 4 x 4 MiB 2.3, 2.8 and 3.9 ms; at 64 MiB MPI
+# is the slowest (32 ms against 20). Smaller arrays fuse through the window (40 x 20 KiB:
+# 0.24 ms against 0.37 ms one MPI call each).
+MPI_PER_ARRAY_BYTES = (SMALL_BYTES, 16 * 1024 * 1024)
 
 
 def _mpi_allreduce(comm, flat, op):
@@ -53,7 +59,7 @@ def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
 class CollectiveAlgorithms:
     """Built once per `init()`: owns the node's shared window when one is useful."""
 
-    def __init__(self, topology, algorithm: str = "auto"):
+    def __init__(self, topology, algorithm: str = "auto", single_copy: bool = True):
         self.topology = topology
         self.comm = topology.comm
         self.size = topology.size
@@ -65,7 +71,7 @@ class CollectiveAlgorithms:
             )
         self.algorithm = algorithm
         local_size = topology.local_comm.Get_size()
-        self.window = SharedWindow(topology.local_comm) if local_size > 1 else None
+        self.window = SharedWindow(topology.local_comm, single_copy=single_copy) if local_size > 1 else None
         self.outputs = OutputPool()
         # The engine's thread runs beside the training loop on the same cores: there, waiting
         # for a slower rank must yield the core, which only the shared window's barrier does.
@@ -151,6 +157,24 @@ class CollectiveAlgorithms:
             flat *= prescale_factor
         self.reduce(flat, op, algorithm=algorithm)
         mpi_collectives.finish_reduction(flat, op, postscale_factor, self.size)
+
+    def allreduce_arrays(self, sources, op, scale: float, targets) -> None:
+        """All-reduce a fused batch on one node: each flat accumulation-dtype array of
+        `sources` into the same-shaped array of `targets` (which may be the source itself),
+        times `scale`, with no fusion buffer: mid-sized arrays one MPI_Allreduce each, the
+        rest together through the shared window. The split depends only on agreed sizes."""
+        low, high = MPI_PER_ARRAY_BYTES
+        fused_sources, fused_targets = [], []
+        for source, target in zip(sources, targets):
+            if low <= source.nbytes <= high:
+                self.reduce(source, op, None if _same_memory(source, target) else target, algorithm="mpi")
+                if scale != 1.0:
+                    target *= scale
+            else:
+                fused_sources.append(source)
+                fused_targets.append(target)
+        if fused_sources:
+            self.window.allreduce_arrays(fused_sources, op, scale, outputs=fused_targets)
 
     def _shared_window_for(self, nbytes: int, threshold: int = SMALL_BYTES):
         """The window, when a collective over `nbytes` should use it."""

@@ -88,21 +88,22 @@ def _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline):
     tensors' own memory (an output that is the input itself is reduced in place)."""
     op, _, postscale = scaling
     start = now_us()
-    targets, results = [], []
+    sources, targets, results = [], [], []
     for payload, request in zip(payloads, batch.requests):
         if payload is JOINED:
-            targets.append(_zeros_to_reduce(request).reshape(-1))
+            zeros = _zeros_to_reduce(request).reshape(-1)
+            sources.append(zeros)
+            targets.append(zeros)
             results.append(None)
             continue
         data, output = payload
         if output is None:
             output = algorithms.outputs.empty(data.shape, data.dtype)
-        if output.__array_interface__["data"][0] != data.__array_interface__["data"][0]:
-            np.copyto(output, data)
+        sources.append(data.reshape(-1))
         targets.append(output.reshape(-1))
         results.append(output)
     scale = postscale / algorithms.size if op == ReduceOp.AVERAGE else postscale
-    algorithms.window.allreduce_arrays(targets, op, scale)
+    algorithms.allreduce_arrays(sources, op, scale, targets)
     if timeline is not None:
         done = now_us()
         for name in batch.names:

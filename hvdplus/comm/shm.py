@@ -42,6 +42,9 @@ HEADER_BYTES = 64
 # A barrier yields the core this many times (about a millisecond when nothing else runs),
 # then sleeps between looks: a peer that is still computing may take much longer.
 _YIELDS_BEFORE_SLEEP = 2000
+# Reading the peers' buffers directly (single_copy) beats staging through the window from
+# about here (2 ranks: 16 MiB 2.8 ms against 3.9; 800 KiB in 20 KiB arrays 0.54 against 0.24).
+SINGLE_COPY_BYTES = 1024 * 1024
 _SLEEP_S = 50e-6
 _STORES_ARE_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
@@ -49,7 +52,7 @@ _STORES_ARE_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", 
 class SharedWindow:
     """A node's shared segments, allocated once per communicator (collective on it)."""
 
-    def __init__(self, local_comm, chunk_bytes: int = CHUNK_BYTES):
+    def __init__(self, local_comm, chunk_bytes: int = CHUNK_BYTES, single_copy: bool = True):
         self.comm = local_comm
         self.rank = local_comm.Get_rank()
         self.size = local_comm.Get_size()
@@ -61,6 +64,11 @@ class SharedWindow:
         self._counters[self.rank][0] = 0
         self._arrivals = 0
         local_comm.Barrier()  # every counter is zero before anyone counts
+        # All-reduces read the peers' buffers directly where the kernel allows it.
+        self.single_copy = None
+        if single_copy and self.size > 1:
+            from .single_copy import open_single_copy
+            self.single_copy = open_single_copy(self, local_comm)
 
     def barrier(self) -> None:
         """Return once every rank of the node has called barrier() as often as this one."""
@@ -128,6 +136,9 @@ class SharedWindow:
             if output is not source:
                 output[...] = source
             return output
+        if self.single_copy is not None and source.nbytes >= SINGLE_COPY_BYTES:
+            self.single_copy.allreduce_arrays([source], op, outputs=[output])
+            return output
         segments = self.segments(source.dtype)
         n = self.size
         for base, start, stop in self._chunks(source.size, source.itemsize):
@@ -145,13 +156,23 @@ class SharedWindow:
         self.barrier()
         return output
 
-    def allreduce_arrays(self, arrays: List[np.ndarray], op, scale: float = 1.0) -> None:
-        """Reduce each of several flat arrays of one dtype in place, as if they were one
-        buffer, without packing them into one: the shared segments are the only staging
+    def allreduce_arrays(self, arrays: List[np.ndarray], op, scale: float = 1.0, outputs=None) -> None:
+        """Reduce each of several flat arrays of one dtype into `outputs` (default: in
+        place), as if they were one buffer, without packing them into one: the shared
+        segments (or the peers' arrays themselves, see single_copy) are the only staging
         area, so a fused batch of gradients costs no copy in or out of a fusion buffer.
 
         `scale` multiplies the result (Average's 1/size, a postscale factor): each rank
         scales only its own slice before publishing it, rather than everyone everything."""
+        if (self.single_copy is not None and arrays and self.single_copy.fits(len(arrays))
+                and sum(a.nbytes for a in arrays) >= SINGLE_COPY_BYTES):
+            self.single_copy.allreduce_arrays(arrays, op, scale, outputs)
+            return
+        if outputs is not None:
+            for array, output in zip(arrays, outputs):
+                if output.__array_interface__["data"][0] != array.__array_interface__["data"][0]:
+                    np.copyto(output, array)
+            arrays = outputs
         if self.size == 1 or not arrays:
             for array in arrays:
                 if scale != 1.0:
@@ -170,21 +191,21 @@ class SharedWindow:
             length = stop - start
             bounds = [start + length * p // n for p in range(n + 1)]
             for peer in others:
-                for array, lo, hi, at in _pieces(arrays, ends, bounds[peer], bounds[peer + 1]):
-                    mine[base + at - start:base + at - start + hi - lo] = array[lo:hi]
+                for index, lo, hi, at in pieces_of(arrays, ends, bounds[peer], bounds[peer + 1]):
+                    mine[base + at - start:base + at - start + hi - lo] = arrays[index][lo:hi]
             self.barrier()
-            for array, lo, hi, at in _pieces(arrays, ends, bounds[me], bounds[me + 1]):
+            for index, lo, hi, at in pieces_of(arrays, ends, bounds[me], bounds[me + 1]):
                 where = slice(base + at - start, base + at - start + hi - lo)
                 reduced = mine[where]
-                ufunc(array[lo:hi], segments[others[0]][where], out=reduced)
+                ufunc(arrays[index][lo:hi], segments[others[0]][where], out=reduced)
                 for peer in others[1:]:
                     ufunc(reduced, segments[peer][where], out=reduced)
                 if scale != 1.0:
                     reduced *= scale
             self.barrier()
             for peer in range(n):
-                for array, lo, hi, at in _pieces(arrays, ends, bounds[peer], bounds[peer + 1]):
-                    array[lo:hi] = segments[peer][base + at - start:base + at - start + hi - lo]
+                for index, lo, hi, at in pieces_of(arrays, ends, bounds[peer], bounds[peer + 1]):
+                    arrays[index][lo:hi] = segments[peer][base + at - start:base + at - start + hi - lo]
         self.barrier()
 
     def reducescatter(self, source: np.ndarray, op, offsets, output: np.ndarray) -> np.ndarray:
@@ -224,14 +245,14 @@ class SharedWindow:
         return output
 
 
-def _pieces(arrays, ends, lo, hi):
-    """(array, start, stop, position) for the parts of arrays that cover positions lo:hi of
+def pieces_of(arrays, ends, lo, hi):
+    """(index, start, stop, position) for the parts of arrays that cover positions lo:hi of
     their concatenation; `ends[i]` is where array i ends in it."""
     index = bisect.bisect_right(ends, lo)
     while lo < hi and index < len(arrays):
         begin = ends[index] - arrays[index].size
         stop = min(hi, ends[index])
         if stop > lo:
-            yield arrays[index], lo - begin, stop - begin, lo
+            yield index, lo - begin, stop - begin, lo
         lo = stop
         index += 1

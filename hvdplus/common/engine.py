@@ -45,6 +45,8 @@ _SHUTDOWN_WAIT_S = 10.0
 _CALLER_SPIN_S = 0.020
 # With nothing in flight, the thread still looks for shutdowns and stalls this often.
 _HOUSEKEEPING_S = 1.0
+# Longest rank 0 waits for its responses to reach the workers (see _deliver).
+_DELIVERY_WAIT_S = 0.5
 # Longest cycle while collectives are held and nobody waits (overlap off).
 _MAX_BACKOFF_S = 0.050
 
@@ -201,7 +203,6 @@ class Engine:
     def _waiting(self):
         with self._lock:
             self._waiters += 1
-        self._wake.set()  # the engine thread cycles at full rate while someone waits
         try:
             yield
         finally:
@@ -218,7 +219,9 @@ class Engine:
             first = True
             while not handle.done() and not self._finished and (first or time.monotonic() < deadline):
                 first = False
-                if self._progress.acquire(blocking=False):
+                # While the engine thread runs a step, sleep on the lock rather than spin:
+                # on a node whose cores all train, a spinning caller halves that step's core.
+                if self._progress.acquire(timeout=max(deadline - time.monotonic(), 0.001)):
                     try:
                         with self._failing_aborts_the_job():
                             self._step()
@@ -246,8 +249,9 @@ class Engine:
             if self.coordinator.shutdown_ranks:
                 batches.append(Batch("shutdown", value=min(self.coordinator.shutdown_ranks)))
             if batches:
-                for worker in range(1, self.size):
-                    self._sends.append(self.control_comm.isend(batches, dest=worker, tag=_RESPONSE_TAG))
+                sends = [self.control_comm.isend(batches, dest=worker, tag=_RESPONSE_TAG)
+                         for worker in range(1, self.size)]
+                self._deliver(sends)
             self._finished |= self._execute(batches)
         else:
             if outgoing:
@@ -257,6 +261,18 @@ class Engine:
                 self._finished |= self._execute(batches)
         if self._sends:
             self._sends = [request for request in self._sends if not request.Test()]
+
+    def _deliver(self, sends) -> None:
+        """Let the responses reach the workers before executing them. A long response goes
+        by rendezvous, which only moves while this rank is inside MPI; a shared-memory
+        batch keeps it out of MPI until the workers join that batch, which they can only do
+        once they have the response. Bounded, for a worker that is gone or stalled."""
+        deadline = time.monotonic() + _DELIVERY_WAIT_S
+        while sends and time.monotonic() < deadline:
+            sends = [request for request in sends if not request.Test()]
+            if sends:
+                os.sched_yield()
+        self._sends.extend(sends)
 
     def _drain_submissions(self) -> list:
         with self._lock:

@@ -31,7 +31,8 @@ class Runtime:
 
         self.topology = topology
         self.settings = settings
-        self.algorithms = CollectiveAlgorithms(topology, settings.allreduce_algorithm)
+        self.algorithms = CollectiveAlgorithms(topology, settings.allreduce_algorithm,
+                                               single_copy=settings.single_copy)
         overlap = overlaps_compute(settings.overlap, topology.local_comm.Get_size())
         self.engine = Engine(topology.comm, settings, self.algorithms, overlap=overlap)
         self._name_counters = {}

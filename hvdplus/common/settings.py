@@ -61,6 +61,7 @@ class Settings:
     node_id: Optional[str] = None
     ranks_per_node: int = 0
     overlap: str = "auto"
+    single_copy: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
@@ -89,6 +90,7 @@ class Settings:
             node_id=_lookup(environ, "NODE_ID"),
             ranks_per_node=ranks_per_node,
             overlap=overlap,
+            single_copy=_lookup(environ, "SINGLE_COPY") is None or _flag(environ, "SINGLE_COPY"),
         )
 
 

@@ -54,7 +54,7 @@ def run_hierarchical_over_mpi(flat, op):
 
 # A second window whose chunks hold 40 bytes: many chunks per buffer, so the double
 # buffering of segments is exercised. Created while every rank imports this module.
-TINY_CHUNK_WINDOW = SharedWindow(current().topology.local_comm, chunk_bytes=40)
+TINY_CHUNK_WINDOW = SharedWindow(current().topology.local_comm, chunk_bytes=40, single_copy=False)
 
 
 def run_shm(flat, op):
@@ -229,3 +229,25 @@ def test_shm_allreduce_of_several_arrays_in_place(window_name, op, rank, size):
     window.allreduce_arrays(arrays, op)
     for array, want in zip(arrays, expected):
         np.testing.assert_array_equal(array, want)
+
+
+@pytest.mark.skipif(not SINGLE_NODE, reason="the shared window spans one node")
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Max, hvd.Product])
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "into-outputs"])
+def test_single_copy_reads_peers_arrays_directly(op, in_place, rank, size):
+    """Arrays of assorted sizes, some spanning several scratch steps and rank slices,
+    reduced by reading the peers' memory; scaled like an Average."""
+    window = current().algorithms.window
+    if window is None or window.single_copy is None:
+        pytest.skip("no peers, or the kernel refuses process_vm_readv here")
+    lengths = [5, 0, 300_001, 1, 17, 0, 140_000, 2]
+    arrays = [rank_values("float64", (n,), rank, 90 + i, -2, 2) for i, n in enumerate(lengths)]
+    expected = [expected_reduction("float64", n, 90 + i, op, size, -2, 2) * 0.5 for i, n in enumerate(lengths)]
+    outputs = arrays if in_place else [np.full_like(a, np.nan) for a in arrays]
+    inputs = [a.copy() for a in arrays]
+    window.single_copy.allreduce_arrays(arrays, op, 0.5, None if in_place else outputs)
+    for output, want in zip(outputs, expected):
+        np.testing.assert_allclose(output, want, rtol=1e-12)
+    if not in_place:
+        for array, before in zip(arrays, inputs):
+            np.testing.assert_array_equal(array, before)
