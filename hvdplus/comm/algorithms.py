@@ -27,6 +27,7 @@ from ..common.reduce_ops import ReduceOp
 from . import mpi_collectives
 from .hierarchical import hierarchical_allreduce
 from .output_pool import OutputPool
+from .reduction import same_memory
 from .ring import ring_allreduce
 from .shm import SharedWindow
 
@@ -49,11 +50,6 @@ MPI_PER_ARRAY_BYTES = (SMALL_BYTES, 16 * 1024 * 1024)
 def _mpi_allreduce(comm, flat, op):
     if comm.Get_size() > 1 and flat.size:
         comm.Allreduce(MPI.IN_PLACE, flat, op=mpi_collectives.MPI_OPS[op])
-
-
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two arrays start at the same address (cheaper than np.shares_memory)."""
-    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
 class CollectiveAlgorithms:
@@ -135,7 +131,7 @@ class CollectiveAlgorithms:
         flat = array.reshape(-1)
         if accumulate == array.dtype and prescale_factor == 1.0 and flat.flags.c_contiguous:
             target = self.outputs.empty(flat.shape, accumulate) if output is None else output.reshape(-1)
-            if _same_memory(target, flat):
+            if same_memory(target, flat):
                 result = self.reduce(flat, op, algorithm=algorithm)
             else:
                 result = self.reduce(flat, op, target, algorithm)
@@ -147,7 +143,7 @@ class CollectiveAlgorithms:
             mpi_collectives.finish_reduction(result, op, postscale_factor, self.size)
         if output is None:
             return result.reshape(array.shape).astype(array.dtype, copy=False)
-        if not _same_memory(result, output):
+        if not same_memory(result, output):
             np.copyto(output, result.reshape(array.shape), casting="unsafe")
         return output
 
@@ -167,7 +163,7 @@ class CollectiveAlgorithms:
         fused_sources, fused_targets = [], []
         for source, target in zip(sources, targets):
             if low <= source.nbytes <= high:
-                self.reduce(source, op, None if _same_memory(source, target) else target, algorithm="mpi")
+                self.reduce(source, op, None if same_memory(source, target) else target, algorithm="mpi")
                 if scale != 1.0:
                     target *= scale
             else:

@@ -31,7 +31,7 @@ from typing import List
 import numpy as np
 from mpi4py import MPI
 
-from .reduction import UFUNCS
+from .reduction import UFUNCS, same_memory
 
 __all__ = ["SharedWindow"]
 
@@ -170,7 +170,7 @@ class SharedWindow:
             return
         if outputs is not None:
             for array, output in zip(arrays, outputs):
-                if output.__array_interface__["data"][0] != array.__array_interface__["data"][0]:
+                if not same_memory(output, array):
                     np.copyto(output, array)
             arrays = outputs
         if self.size == 1 or not arrays:

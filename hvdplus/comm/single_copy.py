@@ -28,7 +28,7 @@ import numpy as np
 
 from mpi4py import MPI
 
-from .reduction import UFUNCS
+from .reduction import UFUNCS, address_of
 from .shm import pieces_of
 
 __all__ = ["SingleCopy", "open_single_copy"]
@@ -63,10 +63,6 @@ def _libc():
     return libc
 
 
-def _address(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
-
-
 class SingleCopy:
     """Reads from the other ranks of a node; barriers and address tables go through `window`."""
 
@@ -96,8 +92,8 @@ class SingleCopy:
         count = len(arrays)
         tables = self.window.segments(np.dtype(np.uint64))
         mine = tables[self.rank]
-        mine[:count] = [_address(a) for a in arrays]
-        mine[count:2 * count] = [_address(o) for o in outputs]
+        mine[:count] = [address_of(a) for a in arrays]
+        mine[count:2 * count] = [address_of(o) for o in outputs]
         self.window.barrier()
         return [table[:2 * count].copy() for table in tables]
 
@@ -124,15 +120,15 @@ class SingleCopy:
         for lo in range(bounds[me], bounds[me + 1], step):
             hi = min(lo + step, bounds[me + 1])
             pieces = list(pieces_of(arrays, ends, lo, hi))
+            into_scratch = [(address_of(scratch) + (at - lo) * itemsize, (end - begin) * itemsize)
+                            for _, begin, end, at in pieces]
             first = True
             for peer in range(n):
                 if peer == me:
                     continue
                 remote = [(int(tables[peer][i]) + begin * itemsize, (end - begin) * itemsize)
                           for i, begin, end, _ in pieces]
-                local = [(_address(scratch) + (at - lo) * itemsize, (end - begin) * itemsize)
-                         for i, begin, end, at in pieces]
-                self.read(peer, local, remote)
+                self.read(peer, into_scratch, remote)
                 for i, begin, end, at in pieces:
                     source = arrays[i] if first else outputs[i]
                     ufunc(source[begin:end], scratch[at - lo:at - lo + end - begin], out=outputs[i][begin:end])
@@ -145,7 +141,7 @@ class SingleCopy:
             if peer == me:
                 continue
             pieces = list(pieces_of(arrays, ends, bounds[peer], bounds[peer + 1]))
-            local = [(_address(outputs[i]) + begin * itemsize, (end - begin) * itemsize) for i, begin, end, _ in pieces]
+            local = [(address_of(outputs[i]) + begin * itemsize, (end - begin) * itemsize) for i, begin, end, _ in pieces]
             remote = [(int(tables[peer][count + i]) + begin * itemsize, (end - begin) * itemsize)
                       for i, begin, end, _ in pieces]
             if local:
@@ -165,7 +161,7 @@ def open_single_copy(window, local_comm) -> Optional[SingleCopy]:
     (collective on `local_comm`)."""
     libc = _libc()
     probe = np.full(8, local_comm.Get_rank() + 1, dtype=np.int64)
-    pids = local_comm.allgather((os.getpid(), _address(probe)))
+    pids = local_comm.allgather((os.getpid(), address_of(probe)))
     works = libc is not None
     reader = SingleCopy(window, libc, [pid for pid, _ in pids]) if works else None
     if works:
@@ -174,7 +170,7 @@ def open_single_copy(window, local_comm) -> Optional[SingleCopy]:
             for peer, (_, address) in enumerate(pids):
                 if peer != local_comm.Get_rank():
                     seen = np.zeros(8, dtype=np.int64)
-                    reader.read(peer, [(_address(seen), seen.nbytes)], [(address, seen.nbytes)])
+                    reader.read(peer, [(address_of(seen), seen.nbytes)], [(address, seen.nbytes)])
                     works = works and bool((seen == peer + 1).all())
         except OSError:
             works = False

@@ -267,12 +267,7 @@ class Engine:
         by rendezvous, which only moves while this rank is inside MPI; a shared-memory
         batch keeps it out of MPI until the workers join that batch, which they can only do
         once they have the response. Bounded, for a worker that is gone or stalled."""
-        deadline = time.monotonic() + _DELIVERY_WAIT_S
-        while sends and time.monotonic() < deadline:
-            sends = [request for request in sends if not request.Test()]
-            if sends:
-                os.sched_yield()
-        self._sends.extend(sends)
+        self._sends.extend(_unfinished(sends, _DELIVERY_WAIT_S, os.sched_yield))
 
     def _drain_submissions(self) -> list:
         with self._lock:
@@ -438,7 +433,16 @@ class Engine:
             while len(self.coordinator.shutdown_ranks | {0}) < self.size and time.monotonic() < deadline:
                 self._receive_requests()
                 time.sleep(0.001)
-        deadline = time.monotonic() + _SHUTDOWN_WAIT_S
-        while self._sends and time.monotonic() < deadline:
-            self._sends = [request for request in self._sends if not request.Test()]
-            time.sleep(0.0005)
+        self._sends = _unfinished(self._sends, _SHUTDOWN_WAIT_S, lambda: time.sleep(0.0005))
+
+
+def _unfinished(sends: List[MPI.Request], seconds: float, pause) -> List[MPI.Request]:
+    """The requests of `sends` still incomplete after testing them for up to `seconds`,
+    calling `pause()` between rounds."""
+    deadline = time.monotonic() + seconds
+    while sends:
+        sends = [request for request in sends if not request.Test()]
+        if not sends or time.monotonic() >= deadline:
+            break
+        pause()
+    return sends

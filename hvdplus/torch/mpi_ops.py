@@ -10,6 +10,7 @@ import torch
 
 from ..comm import collectives
 from ..common import runtime
+from ..common.handles import HandleGroup
 from ..common.reduce_ops import Average, ReduceOp, Sum
 from .buffers import as_array, as_in_place_array, check_tensor, to_tensor
 from .compression import Compression
@@ -216,28 +217,12 @@ def grouped_allgather_async(tensors, name=None):
     tensors = list(tensors)
     base = runtime.current("grouped_allgather()").name_for("grouped_allgather", name)
     handles = [allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)]
-    return _HandleList(handles)
+    return HandleGroup(base, handles)
 
 
 def grouped_allgather(tensors, name=None):
     """Allgather each of `tensors`; returns a list."""
     return grouped_allgather_async(tensors, name).wait()
-
-
-class _HandleList:
-    __slots__ = ("handles",)
-
-    def __init__(self, handles):
-        self.handles = handles
-
-    def done(self) -> bool:
-        return all(h.done() for h in self.handles)
-
-    def poll(self) -> bool:
-        return all([h.poll() for h in self.handles])
-
-    def wait(self):
-        return [h.wait() for h in self.handles]
 
 
 # -- broadcast ----------------------------------------------------------------------------
