@@ -1,4 +1,4 @@
-"""The coordinator on hand-made requests: readiness, order, fusion, groups, cache, join."""
+"""The coordinator on hand-made requests: readiness, order, fusion, cache, join."""
 
 import pytest
 
@@ -8,11 +8,9 @@ from hvdplus.common.reduce_ops import Sum
 from hvdplus.common.requests import Request
 
 
-def allreduce(name, shape=(4,), dtype="float32", group=None):
+def allreduce(name, shape=(4,), dtype="float32"):
     agree = {"dtypes": dtype, "shapes": shape, "reduce ops": Sum,
              "prescale factors": 1.0, "postscale factors": 1.0}
-    if group:
-        agree["groups"] = group
     return Request("allreduce", name, agree)
 
 
@@ -45,16 +43,6 @@ def test_different_dtypes_never_share_a_batch():
     for rank in (0, 1):
         c.add(rank, [allreduce("x"), allreduce("y", dtype="float64"), allreduce("z")])
     assert [batch.names for batch in c.take_batches()] == [["x", "z"], ["y"]]
-
-
-def test_group_waits_for_all_members_and_ignores_the_threshold():
-    c = coordinator(threshold=20)
-    members = [allreduce(f"g.{i}", group=("g", 3)) for i in range(3)]
-    c.add(0, members)
-    c.add(1, members[:2])
-    assert c.take_batches() == []
-    c.add(1, members[2:])
-    assert [batch.names for batch in c.take_batches()] == [["g.0", "g.1", "g.2"]]
 
 
 def test_mismatch_becomes_an_error_batch_naming_ranks():

@@ -28,3 +28,21 @@ def test_small_results_and_full_pools_are_not_recycled():
     held = [pool.empty((512,), np.dtype(np.float32)) for _ in range(3)]
     assert len({address(a) for a in held}) == 3
     assert len(pool) == 1  # the others were handed out without being retained
+
+
+def test_a_full_pool_makes_room_by_dropping_an_unused_buffer():
+    pool = OutputPool(min_bytes=16, max_buffers=2)
+    kept = pool.empty((64,), np.dtype(np.float32))
+    dropped = pool.empty((32,), np.dtype(np.float32))
+    del dropped
+    newest = pool.empty((16,), np.dtype(np.float32))
+    where = address(newest)
+    assert len(pool) == 2  # the unused 32-element buffer made room for the newest one
+    del newest
+    assert address(pool.empty((16,), np.dtype(np.float32))) == where
+    assert kept.size == 64
+    # Byte budget: a buffer that would exceed it is handed out without being retained.
+    small_budget = OutputPool(min_bytes=16, max_bytes=1024)
+    held = small_budget.empty((200,), np.dtype(np.float32))
+    extra = small_budget.empty((200,), np.dtype(np.float32))
+    assert len(small_budget) == 1 and address(held) != address(extra)

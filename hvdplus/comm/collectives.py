@@ -16,6 +16,7 @@ from ..common.negotiation import JOIN
 from ..common.reduce_ops import ReduceOp
 from ..common.requests import Request, input_error
 from . import arguments
+from .groups import grouped_request
 
 __all__ = [
     "input_error_async", "grouped_input_error_async", "allreduce_async", "grouped_allreduce_async", "allgather_async", "broadcast_async",
@@ -48,12 +49,11 @@ def input_error_async(kind: str, name: Optional[str], error: Exception):
     return _submit(kind, name, plan)
 
 
-def grouped_input_error_async(name: Optional[str], count: int, error: Exception):
-    """input_error_async for a grouped all-reduce of `count` arrays: the error is submitted
-    under every member's name, which is what the other ranks submit."""
+def grouped_input_error_async(name: Optional[str], error: Exception):
+    """input_error_async for a grouped all-reduce: the error is submitted under the group's
+    name, which is what the other ranks submit (see groups.py)."""
     live = runtime.current("grouped_allreduce()")
-    group = live.name_for("grouped_allreduce", name)
-    return HandleGroup(group, [input_error_async("allreduce", f"{group}.{index}", error) for index in range(count)])
+    return input_error_async("allreduce", live.name_for("grouped_allreduce", name), error)
 
 
 def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, group=None, output=None):
@@ -111,13 +111,14 @@ def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outp
     arrays = list(arrays)
     outputs = list(outputs) if outputs is not None else [None] * len(arrays)
     group = live.name_for("grouped_allreduce", name)
-    handles = [
-        _submit("allreduce", f"{group}.{index}",
-                _reduction_plan("allreduce", array, op, prescale_factor, postscale_factor,
-                                (group, len(arrays)), output))
-        for index, (array, output) in enumerate(zip(arrays, outputs))
-    ]
-    return HandleGroup(group, handles)
+    if not arrays:
+        return HandleGroup(group, [])
+    try:
+        request, payload, finish = grouped_request(group, arrays, outputs, op, prescale_factor,
+                                                   postscale_factor, live.algorithms.outputs)
+    except (TypeError, ValueError) as exc:  # submitted, so that every rank raises it
+        request, payload, finish = input_error("allreduce", group, exc), None, None
+    return live.engine.submit(request, payload, finish)
 
 
 def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,

@@ -1,15 +1,17 @@
-"""Memory for large results, recycled once the caller has dropped every view of it.
+"""Memory for results, recycled once the caller has dropped every view of it.
 
 A collective that returns a new array needs fresh memory, and fresh memory costs a page
 fault per page on first touch: about 9 ms for 64 MiB on a VM, a third of a shared-memory
-all-reduce of that size (and MPI must register new buffers too). The pool keeps the buffers
-it handed out and gives one back only when nothing else refers to it any more.
+all-reduce of that size (and MPI must register new buffers too). Mid-sized results suffer
+too: glibc hands out blocks from 128 KiB up as fresh mappings, and 8 gradients of 256 KiB
+all-reduced into new arrays took 1.8 ms against 0.7 ms into reused ones. The pool keeps
+the buffers it handed out and gives one back only when nothing else refers to it any more.
 """
 
 import math
 import sys
 import threading
-from typing import List
+from typing import Dict, List
 
 import numpy as np
 
@@ -26,12 +28,16 @@ class OutputPool:
     Args:
         min_bytes: smaller results come from plain np.empty (the allocator reuses those).
         max_buffers: buffers retained at most; beyond it, results are not recycled.
+        max_bytes: bytes retained at most, likewise.
     """
 
-    def __init__(self, min_bytes: int = 1 << 20, max_buffers: int = 8):
+    def __init__(self, min_bytes: int = 64 * 1024, max_buffers: int = 256, max_bytes: int = 1 << 30):
         self.min_bytes = min_bytes
         self.max_buffers = max_buffers
-        self._buffers: List[np.ndarray] = []
+        self.max_bytes = max_bytes
+        self._by_size: Dict[int, List[np.ndarray]] = {}
+        self._count = 0
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def empty(self, shape, dtype: np.dtype) -> np.ndarray:
@@ -47,23 +53,35 @@ class OutputPool:
         return buffer.view(dtype).reshape(shape)
 
     def _reusable(self, nbytes: int):
-        for buffer in self._buffers:
-            if buffer.nbytes == nbytes and sys.getrefcount(buffer) == _REFS_WHEN_UNUSED:
+        for buffer in self._by_size.get(nbytes, ()):
+            if sys.getrefcount(buffer) == _REFS_WHEN_UNUSED:
                 return buffer
         return None
 
     def _retain(self, buffer: np.ndarray) -> None:
-        if len(self._buffers) >= self.max_buffers:
-            unused = [b for b in self._buffers if sys.getrefcount(b) == _REFS_WHEN_UNUSED]
-            if not unused:
+        while self._count >= self.max_buffers or self._bytes + buffer.nbytes > self.max_bytes:
+            if not self._drop_one_unused():
                 return
-            self._buffers.remove(unused[0])
-        self._buffers.append(buffer)
+        self._by_size.setdefault(buffer.nbytes, []).append(buffer)
+        self._count += 1
+        self._bytes += buffer.nbytes
+
+    def _drop_one_unused(self) -> bool:
+        for nbytes, buffers in self._by_size.items():
+            for buffer in buffers:
+                if sys.getrefcount(buffer) == _REFS_WHEN_UNUSED:
+                    buffers.remove(buffer)
+                    self._count -= 1
+                    self._bytes -= nbytes
+                    return True
+        return False
 
     def __len__(self) -> int:
         """Buffers retained."""
-        return len(self._buffers)
+        return self._count
 
     def clear(self) -> None:
         with self._lock:
-            self._buffers.clear()
+            self._by_size.clear()
+            self._count = 0
+            self._bytes = 0

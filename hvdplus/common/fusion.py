@@ -2,8 +2,8 @@
 
 Many small all-reduces cost many latencies; one all-reduce of their concatenation costs
 one. All-reduces that share dtype, op and scale factors are packed, in the order they
-became ready, into batches of at most the fusion threshold. A grouped all-reduce stays in
-one batch whatever its size, because its members must complete together.
+became ready, into batches of at most the fusion threshold (a grouped all-reduce arrives
+already packed as one array, see hvdplus/comm/groups.py).
 """
 
 import math

@@ -16,7 +16,6 @@ Released on demand: where the engine must not overlap compute (see
 of them go out together, fused as far as the threshold allows.
 """
 
-import collections
 import dataclasses
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -122,7 +121,6 @@ class Coordinator:
             return []
         self._asked = False
         ready = [name for name, entry in self.pending.items() if self._is_ready(entry)]
-        ready = self._whole_groups(ready)
         batches = self._batch(ready)
         if len(self.joined) == self.size:
             batches.append(Batch("join_done", value=self.joined[-1]))
@@ -131,17 +129,6 @@ class Coordinator:
 
     def _is_ready(self, entry: _Pending) -> bool:
         return len(entry.by_rank) + sum(1 for r in self.joined if r not in entry.by_rank) >= self.size
-
-    def _whole_groups(self, ready: List[str]) -> List[str]:
-        """Hold back members of grouped all-reduces until their whole group is ready."""
-        groups = {name: self._group_of(name) for name in ready}
-        ready_members = collections.Counter(group[0] for group in groups.values() if group)
-        return [name for name, group in groups.items() if not group or ready_members[group[0]] == group[1]]
-
-    def _group_of(self, name: str):
-        """(group name, member count) for a grouped all-reduce, else None."""
-        request = next(iter(self.pending[name].by_rank.values()))
-        return request.agree.get("groups")
 
     def _batch(self, ready: List[str]) -> List[Batch]:
         batches: List[Batch] = []
@@ -202,8 +189,7 @@ class Coordinator:
         key = fusion_key(request)
         nbytes = fused_nbytes(request)
         batch, used = open_fusions.get(key, (None, 0))
-        grouped = request.agree.get("groups") is not None
-        if batch is None or (used + nbytes > self.fusion_threshold and not grouped):
+        if batch is None or used + nbytes > self.fusion_threshold:
             batch, used = Batch("allreduce", requests=[], cache_ids={}), 0
             batches.append(batch)
         open_fusions[key] = (batch, used + nbytes)

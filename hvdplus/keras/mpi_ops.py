@@ -57,10 +57,10 @@ def allreduce_gradients(grads, names, op=Average, prescale_factor=1.0, postscale
     elif backend == "torch":
         from .. import torch as hvd_torch
 
-        # The gradients are fresh tensors of this step: reduce them where they lie.
-        reduced = hvd_torch.grouped_allreduce_([t.detach().contiguous() for t in tensors], op=op,
-                                               prescale_factor=prescale_factor,
-                                               postscale_factor=postscale_factor, name=group)
+        # Results are views of the group's packed buffer: no copy back into the gradients.
+        reduced = hvd_torch.grouped_allreduce([t.detach().contiguous() for t in tensors], op=op,
+                                              prescale_factor=prescale_factor,
+                                              postscale_factor=postscale_factor, name=group)
     else:
         raise NotImplementedError(
             f"hvdplus.keras all-reduces gradients on the tensorflow and torch backends, not {backend!r}"

@@ -53,12 +53,12 @@ def _fail_everywhere(error, submitted, dtype=tf.float32):
 
 
 def _group_names(name, tensors):
-    """What a group submits: an all-reduce `name.k` for its k-th dense tensor (as the core
-    names group members) and two allgathers for each IndexedSlices."""
+    """What a group submits: one all-reduce `name` of its dense tensors packed together (see
+    hvdplus/comm/groups.py) and two allgathers for each IndexedSlices."""
     dense = sum(1 for t in tensors if not isinstance(t, tf.IndexedSlices))
     slices = len(tensors) - dense
-    return ([("allreduce", f"{name}.{k}") for k in range(dense)]
-            + [("allgather", f"{name}.slices.{j}.{part}") for j in range(slices) for part in ("values", "indices")])
+    return ([("allreduce", name)] if dense else []) + (
+        [("allgather", f"{name}.slices.{j}.{part}") for j in range(slices) for part in ("values", "indices")])
 
 
 def _check_differentiable(kind, op):

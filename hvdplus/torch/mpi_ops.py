@@ -76,7 +76,7 @@ def _checked(kind, name, tensors, in_place=False):
             check_tensor(tensor, _what(kind, name), in_place)
     except (TypeError, ValueError) as error:
         if kind == "grouped_allreduce":
-            return TensorHandle(collectives.grouped_input_error_async(name, len(tensors), error))
+            return TensorHandle(collectives.grouped_input_error_async(name, error))
         return TensorHandle(collectives.input_error_async(kind, name, error))
     return None
 

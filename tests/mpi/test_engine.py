@@ -76,6 +76,36 @@ def test_grouped_allreduce_returns_every_member(rank, size):
     assert [r.max() for r in hvd.synchronize(handle)] == [size - 1, size]
 
 
+def test_grouped_allreduce_packs_members_and_keeps_their_dtypes(rank, size):
+    seeds = range(4)
+    specs = [("float32", (5, 3)), ("float16", (7,)), ("float32", ()), ("float32", (0, 2))]
+    arrays = [rank_values(dtype, shape, rank, seed) for (dtype, shape), seed in zip(specs, seeds)]
+    results = hvd.grouped_allreduce(arrays, op=hvd.Average, postscale_factor=2.0, name="group/packed")
+    for (dtype, shape), seed, result in zip(specs, seeds, results):
+        expected = 2.0 * np.mean([rank_values(dtype, shape, r, seed).astype(np.float64) for r in range(size)], axis=0)
+        assert result.dtype == np.dtype(dtype) and result.shape == shape
+        np.testing.assert_allclose(result, expected, rtol=2e-3 if dtype == "float16" else 1e-6)
+    # In place, as torch's grouped_allreduce_ and the optimizers use it.
+    outputs = [np.full(4, rank + 1.0), np.full((2, 3), float(rank), dtype=np.float32)]
+    hvd.synchronize(hvd.grouped_allreduce_async(outputs, op=hvd.Sum, outputs=outputs, name="group/in place"))
+    np.testing.assert_array_equal(outputs[0], np.full(4, size * (size + 1) / 2))
+    np.testing.assert_array_equal(outputs[1], np.full((2, 3), size * (size - 1) / 2))
+    assert hvd.grouped_allreduce([], name="group/empty") == []
+
+
+def test_grouped_allreduce_mismatched_member_raises_everywhere(rank, size):
+    if size < 2:
+        pytest.skip("needs two ranks")
+    arrays = [np.ones(3, dtype=np.float32), np.ones(4 if rank == 0 else 5, dtype=np.float32)]
+    with pytest.raises(hvd.TensorMismatchError,
+                       match=r"Mismatched member shapes for 'group/bad'.*rank 0 had \(\(3,\), \(4,\)\)"):
+        hvd.grouped_allreduce(arrays, name="group/bad")
+    bad_member = np.ones(2, dtype=np.int32) if rank == 1 else np.ones(2, dtype=np.float32)
+    with pytest.raises(TypeError, match="rank 1: grouped_allreduce 'group/int' member 1: op Average on integer"):
+        hvd.grouped_allreduce([np.ones(2), bad_member], name="group/int")
+    np.testing.assert_array_equal(hvd.grouped_allreduce([np.ones(2)], op=hvd.Sum)[0], np.full(2, size))
+
+
 def test_duplicate_name_in_flight_is_refused_at_submit(rank, size):
     handle = hvd.allreduce_async(np.ones(2), name="dup", op=hvd.Sum)
     with pytest.raises(ValueError, match="'dup' is already in flight"):
