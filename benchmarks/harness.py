@@ -7,22 +7,42 @@ import time
 
 from mpi4py import MPI
 
-__all__ = ["throughput", "init_gloo"]
+__all__ = ["throughput", "fit_seconds", "init_gloo"]
 
 
 def throughput(run, batch, steps, participants, comm=MPI.COMM_WORLD):
     """Samples/s of all `participants` ranks together: `run(n)` trains n steps of `batch`
     samples; after 3 warm-up steps, the median of 3 rounds of `steps`, each timed from a
-    barrier to the slowest rank's end."""
+    barrier to the slowest rank's end. A `run` that returns (seconds, steps) timed itself
+    in steady state (see fit_seconds), and that counts instead."""
     run(3)
     rounds = []
     for _ in range(3):
         comm.Barrier()
         start = time.perf_counter()
-        run(steps)
-        elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-        rounds.append(participants * batch * steps / elapsed)
+        measured = run(steps)
+        elapsed, counted = measured if measured is not None else (time.perf_counter() - start, steps)
+        elapsed = comm.allreduce(elapsed, op=MPI.MAX)
+        rounds.append(participants * batch * counted / elapsed)
     return statistics.median(rounds)
+
+
+def fit_seconds(model, x, y, batch, skipped=5):
+    """(seconds, steps) of one epoch of `model.fit`, from the end of batch `skipped` to the
+    end of the last: the fit's own start and finish (building the dataset iterator, tearing
+    it down: 80-350 ms on a 2-core VM, more than 40 steps) stay out of steady state."""
+    import keras
+
+    ends = []
+
+    class StepClock(keras.callbacks.Callback):
+        def on_train_batch_end(self, index, logs=None):
+            ends.append(time.perf_counter())
+
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[StepClock()])
+    if len(ends) <= skipped:
+        raise ValueError(f"fit ran {len(ends)} steps; steady state needs more than {skipped}")
+    return ends[-1] - ends[skipped - 1], len(ends) - skipped
 
 
 def init_gloo(comm):

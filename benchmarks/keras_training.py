@@ -11,8 +11,6 @@ steady state, between batch ends inside each fit (see fit_throughput).
 
 import argparse
 import os
-import statistics
-import time
 
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
@@ -22,6 +20,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import hvdplus.keras as hvd  # noqa: E402
+from harness import fit_seconds, throughput  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
@@ -32,36 +31,18 @@ def build_model(width=256, depth=8):
     return keras.Sequential(layers + [keras.layers.Dense(10)])
 
 
-class _StepClock(keras.callbacks.Callback):
-    """When the batches of a fit end, so that the fit's own start and finish (building the
-    dataset iterator, tearing it down: 80-350 ms here, more than 40 steps) stay out of the
-    steady-state figure."""
+def fit_throughput(model, x, y, batch, participants):
+    """Samples/s of all participating ranks in steady state (see harness.fit_seconds)."""
 
-    def __init__(self):
-        super().__init__()
-        self.ends = []
+    def run(n):
+        if participants == 1 and hvd.rank() != 0:
+            return 0.0, 1  # not taking part: the slowest rank's time is the participant's
+        if n < len(x) // batch:  # the harness' warm-up
+            model.fit(x[:n * batch], y[:n * batch], batch_size=batch, epochs=1, verbose=0)
+            return None
+        return fit_seconds(model, x, y, batch)
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(time.perf_counter())
-
-
-def fit_throughput(model, x, y, batch, participants, repeats=3, skipped=5):
-    """Samples/s of all participating ranks in steady state: per timed fit, from the end of
-    batch `skipped` to the end of the last batch on the slowest rank; the median of
-    `repeats` fits."""
-    model.fit(x[:batch * 3], y[:batch * 3], batch_size=batch, epochs=1, verbose=0)  # compile + warm up
-    rounds = []
-    for _ in range(repeats):
-        clock = _StepClock()
-        WORLD.Barrier()
-        if participants > 1 or hvd.rank() == 0:
-            model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[clock])
-            elapsed = clock.ends[-1] - clock.ends[skipped - 1]
-        else:
-            elapsed = 0.0
-        elapsed = WORLD.allreduce(elapsed, op=MPI.MAX)
-        rounds.append(participants * batch * (len(x) // batch - skipped) / elapsed)
-    return statistics.median(rounds)
+    return throughput(run, batch, len(x) // batch, participants)
 
 
 def main():
