@@ -5,13 +5,13 @@ sends each rank's new requests to rank 0, whose `Coordinator` answers every rank
 the same ordered list of batches once all ranks have submitted a name; every rank then
 runs those batches in that order.
 
-The thread never spins and never wakes without a reason, so it leaves the cores to the
-training loop: with nothing in flight it sleeps until something is submitted (looking
-around once a second for shutdowns and stalls); with work in flight it cycles every
-`cycle_time_ms`. Where the node has no core to spare for it (`overlap` off), agreed
-collectives wait until some rank waits for one, and the thread's cycle stretches while
-no caller waits: the data moves when the ranks' cores are free, driven by the waiting
-callers themselves (see `wait_for`).
+The thread never spins, so it leaves the cores to the training loop: with nothing in
+flight it sleeps until something is submitted (looking around once a second for
+shutdowns and stalls); with work in flight it cycles every `cycle_time_ms`. Where the
+node has no core to spare for it (`overlap` off), agreed collectives wait until some rank
+waits for one, submitting does not wake the thread, and its cycle stretches to 50 ms
+while no caller waits: the data moves when the ranks' cores are free, driven by the
+waiting callers themselves (see `wait_for`).
 """
 
 import collections
@@ -43,7 +43,8 @@ _RESPONSE_TAG = 102
 _SHUTDOWN_WAIT_S = 10.0
 # How long a caller blocked on a handle drives the engine itself before it sleeps.
 _CALLER_SPIN_S = 0.020
-# With nothing in flight, the thread still looks for shutdowns and stalls this often.
+# With nothing in flight (and overlap on), the thread still looks for shutdowns and stalls
+# this often.
 _HOUSEKEEPING_S = 1.0
 # Longest rank 0 waits for its responses to reach the workers (see _deliver).
 _DELIVERY_WAIT_S = 0.5
@@ -112,9 +113,12 @@ class Engine:
     def submit(self, request: Request, payload: Any, finish=None) -> Handle:
         """Queue an operation; ValueError if its name is already in flight on this rank.
 
-        The engine thread is not woken: it picks the operation up within one cycle, so the
-        operations a training step submits together are negotiated together, and a caller
-        that waits on the handle at once drives the engine itself (see wait_for)."""
+        A busy engine thread picks the operation up within one cycle, so the operations a
+        training step submits together are negotiated together, and a caller that waits on
+        the handle at once drives the engine itself (see wait_for). An idle one is woken
+        only where it has a core of its own (overlap): otherwise waking it made it fight
+        the submitting thread for the GIL and the core (TensorFlow step 6.0 -> 6.7 ms), and
+        its idle sleep is short enough to pick the operation up anyway (see _idle)."""
         handle = Handle(request.name, self, finish)
         with self._lock:
             if self._failure is not None:
@@ -127,7 +131,7 @@ class Engine:
             entry = Entry(request, payload, handle)
             self._in_flight[request.name] = entry
             self._submitted.append(entry)
-            if self._sleeping_idle:
+            if self._sleeping_idle and self.overlap:
                 self._sleeping_idle = False
                 self._wake.set()
         return handle
@@ -312,7 +316,8 @@ class Engine:
             self._sleeping_idle = idle
             waiters = self._waiters
         if idle:
-            timeout = _HOUSEKEEPING_S
+            # Not woken by submit without overlap: look again as often as when held.
+            timeout = _HOUSEKEEPING_S if self.overlap else _MAX_BACKOFF_S
             self._backoff_s = self._cycle_s
         elif self.overlap or waiters:
             timeout = self._cycle_s
