@@ -7,7 +7,7 @@ import time
 
 from mpi4py import MPI
 
-__all__ = ["throughput", "fit_seconds", "init_gloo"]
+__all__ = ["throughput", "fit_runner", "init_gloo"]
 
 
 def throughput(run, batch, steps, participants, comm=MPI.COMM_WORLD):
@@ -43,6 +43,19 @@ def fit_seconds(model, x, y, batch, skipped=5):
     if len(ends) <= skipped:
         raise ValueError(f"fit ran {len(ends)} steps; steady state needs more than {skipped}")
     return ends[-1] - ends[skipped - 1], len(ends) - skipped
+
+
+def fit_runner(model, x, y, batch, skipped=5):
+    """`run(n)` for throughput(): n batches of `model.fit`, timed in steady state when n is
+    more than `skipped` (a plain fit for the harness' warm-up)."""
+
+    def run(n):
+        if n <= skipped:
+            model.fit(x[:n * batch], y[:n * batch], batch_size=batch, epochs=1, verbose=0)
+            return None
+        return fit_seconds(model, x[:n * batch], y[:n * batch], batch, skipped)
+
+    return run
 
 
 def init_gloo(comm):

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import hvdplus.keras as hvd  # noqa: E402
-from harness import fit_seconds, throughput  # noqa: E402
+from harness import fit_runner, throughput  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
@@ -32,15 +32,13 @@ def build_model(width=256, depth=8):
 
 
 def fit_throughput(model, x, y, batch, participants):
-    """Samples/s of all participating ranks in steady state (see harness.fit_seconds)."""
+    """Samples/s of all participating ranks in steady state (see harness.fit_runner)."""
+    fit = fit_runner(model, x, y, batch)
 
     def run(n):
         if participants == 1 and hvd.rank() != 0:
             return 0.0, 1  # not taking part: the slowest rank's time is the participant's
-        if n < len(x) // batch:  # the harness' warm-up
-            model.fit(x[:n * batch], y[:n * batch], batch_size=batch, epochs=1, verbose=0)
-            return None
-        return fit_seconds(model, x, y, batch)
+        return fit(n)
 
     return throughput(run, batch, len(x) // batch, participants)
 

@@ -6,7 +6,7 @@
 For an MLP of 8 Dense(256) layers, batch 64 per process, synthetic data and one intra-op and
 one inter-op thread per process, measures in one job:
   (a) model.fit under tf.distribute.MirroredStrategy (one CPU device per process) with
-      hvd.CrossDeviceOps(), timed between batch ends inside the fit (harness.fit_seconds);
+      hvd.CrossDeviceOps(), timed between batch ends inside the fit (harness.fit_runner);
   (b) a custom tf.function loop with hvd.DistributedGradientTape;
   (c) tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG on two loopback ports that rank 0
       picks and broadcasts before TensorFlow starts), as a custom loop of strategy.run inside
@@ -78,7 +78,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdplus.tensorflow as hvd  # noqa: E402
-from harness import fit_seconds, throughput  # noqa: E402
+from harness import fit_runner, throughput  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -108,14 +108,7 @@ def mirrored_fit(x, y, batch):
         model = build_model()
         model.compile(optimizer=optimizer(), loss=LOSS)
     hvd.broadcast_variables(model.variables, root_rank=0)
-
-    def run(n):
-        if n <= 5:  # the harness' warm-up
-            model.fit(x[:n * batch], y[:n * batch], batch_size=batch, epochs=1, verbose=0)
-            return None
-        return fit_seconds(model, x[:n * batch], y[:n * batch], batch)
-
-    return run
+    return fit_runner(model, x, y, batch)
 
 
 def gradient_tape_loop(x, y, distributed):

@@ -56,7 +56,7 @@ def grouped_input_error_async(name: Optional[str], error: Exception):
     return input_error_async("allreduce", live.name_for("grouped_allreduce", name), error)
 
 
-def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, group=None, output=None):
+def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, output=None):
     def plan(name):
         what = f"{kind} '{name}'"
         data = arguments.as_array(array, what)
@@ -67,8 +67,6 @@ def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, group=No
         op_, pre, post = arguments.reduction_arguments(data, op, prescale_factor, postscale_factor, what)
         agree = {"dtypes": dtype_name(data.dtype), "shapes": data.shape, "reduce ops": op_,
                  "prescale factors": pre, "postscale factors": post}
-        if group is not None:
-            agree["groups"] = group
         return Request(kind, name, agree), ((data, output) if kind == "allreduce" else data)
 
     return plan

@@ -117,7 +117,7 @@ class Engine:
         training step submits together are negotiated together, and a caller that waits on
         the handle at once drives the engine itself (see wait_for). An idle one is woken
         only where it has a core of its own (overlap): otherwise waking it made it fight
-        the submitting thread for the GIL and the core (TensorFlow step 6.0 -> 6.7 ms), and
+        the submitting thread for the GIL and the core (TensorFlow step 6.7 ms against 6.0), and
         its idle sleep is short enough to pick the operation up anyway (see _idle)."""
         handle = Handle(request.name, self, finish)
         with self._lock:
