@@ -116,11 +116,12 @@ class SingleCopy:
         bounds = [total * p // n for p in range(n + 1)]
         ufunc = UFUNCS[op]
         scratch = self._scratch_for(arrays[0].dtype)
+        scratch_address = address_of(scratch)
         step = scratch.size
         for lo in range(bounds[me], bounds[me + 1], step):
             hi = min(lo + step, bounds[me + 1])
             pieces = list(pieces_of(arrays, ends, lo, hi))
-            into_scratch = [(address_of(scratch) + (at - lo) * itemsize, (end - begin) * itemsize)
+            into_scratch = [(scratch_address + (at - lo) * itemsize, (end - begin) * itemsize)
                             for _, begin, end, at in pieces]
             first = True
             for peer in range(n):
@@ -141,7 +142,8 @@ class SingleCopy:
             if peer == me:
                 continue
             pieces = list(pieces_of(arrays, ends, bounds[peer], bounds[peer + 1]))
-            local = [(address_of(outputs[i]) + begin * itemsize, (end - begin) * itemsize) for i, begin, end, _ in pieces]
+            local = [(int(tables[me][count + i]) + begin * itemsize, (end - begin) * itemsize)
+                     for i, begin, end, _ in pieces]
             remote = [(int(tables[peer][count + i]) + begin * itemsize, (end - begin) * itemsize)
                       for i, begin, end, _ in pieces]
             if local:
