@@ -13,6 +13,7 @@ from ..common.dtypes import accumulation_dtype, itemsize_of
 from ..common.reduce_ops import ReduceOp
 from ..common.timeline import now_us
 from . import mpi_collectives
+from .groups import Members, reduced_member_wise
 
 __all__ = ["JOINED", "execute_batch"]
 
@@ -85,23 +86,30 @@ def _reducible_in_place(algorithms, agree) -> bool:
 
 def _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline):
     """Fused all-reduce through the node's shared window, straight from and into the
-    tensors' own memory (an output that is the input itself is reduced in place)."""
+    tensors' own memory (an output that is the input itself is reduced in place). A group
+    reduced member by member (groups.Members) contributes each member."""
     op, _, postscale = scaling
     start = now_us()
     sources, targets, results = [], [], []
     for payload, request in zip(payloads, batch.requests):
         if payload is JOINED:
-            zeros = _zeros_to_reduce(request).reshape(-1)
-            sources.append(zeros)
-            targets.append(zeros)
+            for zeros in _joined_zeros(request):
+                sources.append(zeros)
+                targets.append(zeros)
             results.append(None)
-            continue
-        data, output = payload
-        if output is None:
-            output = algorithms.outputs.empty(data.shape, data.dtype)
-        sources.append(data.reshape(-1))
-        targets.append(output.reshape(-1))
-        results.append(output)
+        elif isinstance(payload, Members):
+            outputs = [algorithms.outputs.empty(data.shape, data.dtype) if output is None else output
+                       for data, output in zip(payload.sources, payload.targets)]
+            sources.extend(payload.sources)
+            targets.extend(outputs)
+            results.append(outputs)
+        else:
+            data, output = payload
+            if output is None:
+                output = algorithms.outputs.empty(data.shape, data.dtype)
+            sources.append(data.reshape(-1))
+            targets.append(output.reshape(-1))
+            results.append(output)
     scale = postscale / algorithms.size if op == ReduceOp.AVERAGE else postscale
     algorithms.allreduce_arrays(sources, op, scale, targets)
     if timeline is not None:
@@ -109,6 +117,16 @@ def _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline):
         for name in batch.names:
             timeline.span(name, "ALLREDUCE", start, done, tensors=len(batch.names), where="in place, shared memory")
     return results
+
+
+def _joined_zeros(request):
+    """A joined rank's stand-ins for a request: one flat array, or one per member of a group
+    that the other ranks reduce member by member."""
+    agree = request.agree
+    if not reduced_member_wise(agree):
+        return [_zeros_to_reduce(request).reshape(-1)]
+    dtype = accumulation_dtype(agree["dtypes"])
+    return [np.zeros(math.prod(shape), dtype=dtype) for shape in agree["member shapes"]]
 
 
 def _single(comm, algorithms, batch, payload):

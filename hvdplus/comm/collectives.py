@@ -112,8 +112,9 @@ def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outp
     if not arrays:
         return HandleGroup(group, [])
     try:
-        request, payload, finish = grouped_request(group, arrays, outputs, op, prescale_factor,
-                                                   postscale_factor, live.algorithms.outputs)
+        request, payload, finish = grouped_request(
+            group, arrays, outputs, op, prescale_factor, postscale_factor, live.algorithms.outputs,
+            in_shared_memory=live.algorithms.engine_algorithm == "shm")
     except (TypeError, ValueError) as exc:  # submitted, so that every rank raises it
         request, payload, finish = input_error("allreduce", group, exc), None, None
     return live.engine.submit(request, payload, finish)

@@ -7,6 +7,14 @@ gradients of an MLP (2 MB) took 2.2 ms as 18 engine names and 1.45 ms packed. Ev
 must describe its group alike, member by member, so the request carries each member's
 dtype and shape for the agreement check, and a group stays atomic by construction.
 
+Packing costs a copy in and out of the packed buffer. Where the engine reduces in shared
+memory (all ranks on one node) and the members need no conversion, the group is instead
+reduced member by member where the members lie (`Members`), split into MPI calls and
+shared-window passes by their agreed sizes alike on every rank: in a 24-layer MLP's
+training step on 2 ranks (50 gradients, 6.3 MB), the step took 15-19 ms that way against
+18.5-20.5 ms with the gradients copied into one flat buffer as they were produced (DDP's
+gradient buckets) and all-reduced by one MPI call.
+
 Members are packed in the type they are reduced in (float32 for half types). A group whose
 members reduce in different types is reduced in float64, which is exact for every
 supported type except int64 values beyond 2**53.
@@ -18,28 +26,50 @@ from ..common.dtypes import accumulation_dtype, dtype_name
 from ..common.requests import Request
 from . import arguments
 
-__all__ = ["grouped_request"]
+__all__ = ["Members", "grouped_request", "reduced_member_wise"]
 
 _FLOAT64 = np.dtype(np.float64)
 
 
-def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_factor, pool):
-    """(request, payload, finish) for the engine: one all-reduce of the packed members.
+class Members:
+    """A group's payload when it is reduced member by member: each member's flat array, and
+    the flat array its result goes to (None: a new array)."""
+
+    __slots__ = ("sources", "targets")
+
+    def __init__(self, sources, targets):
+        self.sources = sources
+        self.targets = targets
+
+
+def reduced_member_wise(agree) -> bool:
+    """Whether an agreed request that the engine reduces in place in shared memory is a group
+    reduced member by member: one rule for every rank, joined ranks included."""
+    member_dtypes = agree.get("member dtypes")
+    return member_dtypes is not None and all(name == agree["dtypes"] for name in member_dtypes)
+
+
+def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_factor, pool,
+                    in_shared_memory: bool = False):
+    """(request, payload, finish) for the engine: one all-reduce of the group.
 
     `outputs` holds one output array or None per member; `pool` gives the packed buffer,
-    which the results (views of it) keep alive. `finish` turns the reduced buffer into the
-    list of results. Raises TypeError/ValueError naming the member for bad arguments."""
-    members = []
+    which the results (views of it) keep alive; `in_shared_memory` says that the engine
+    reduces in place in shared memory, where members may be reduced where they lie.
+    `finish` turns the engine's result into the list of results. Raises
+    TypeError/ValueError naming the member for bad arguments."""
+    members, checked = [], {}
     for index, (array, output) in enumerate(zip(arrays, outputs)):
         what = f"grouped_allreduce '{group}' member {index}"
         data = arguments.as_array(array, what)
         if output is not None:
             arguments.check_output(output, data, what)
-        scaling = arguments.reduction_arguments(data, op, prescale_factor, postscale_factor, what)
+        if data.dtype not in checked:  # the checks depend on the dtype alone
+            checked[data.dtype] = arguments.reduction_arguments(data, op, prescale_factor, postscale_factor, what)
         members.append(data)
     if not members:
         raise ValueError(f"grouped_allreduce '{group}' has no tensors")
-    op, prescale, postscale = scaling
+    op, prescale, postscale = checked[members[0].dtype]
     kinds = {accumulation_dtype(data.dtype) for data in members}
     reduce_as = kinds.pop() if len(kinds) == 1 else _FLOAT64
     counts = [data.size for data in members]
@@ -49,6 +79,13 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
              "dtypes": reduce_as.name, "shapes": (sum(counts),), "reduce ops": op,
              "prescale factors": prescale, "postscale factors": postscale}
     request = Request("allreduce", group, agree)
+    if in_shared_memory and prescale == 1.0 and reduced_member_wise(agree):
+        # reshape(-1) copies a member that is not contiguous: a private source for the engine.
+        payload = Members([data.reshape(-1) for data in members],
+                          [None if out is None else out.reshape(-1) for out in outputs])
+        return request, payload, lambda targets: [
+            out if out is not None else target.reshape(data.shape)
+            for out, target, data in zip(outputs, targets, members)]
     if len(members) == 1 and members[0].dtype == reduce_as and members[0].flags.c_contiguous:
         # Nothing to pack: the engine reduces the member where it lies.
         output = outputs[0]

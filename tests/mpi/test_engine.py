@@ -93,6 +93,41 @@ def test_grouped_allreduce_packs_members_and_keeps_their_dtypes(rank, size):
     assert hvd.grouped_allreduce([], name="group/empty") == []
 
 
+def test_grouped_allreduce_where_members_lie(rank, size):
+    # float32 members, no prescale: on one node reduced member by member, with sizes that take
+    # both MPI (64 KiB - 16 MiB) and the shared window; a strided member, and outputs given
+    # for some members only.
+    shapes = [(256, 256), (256,), (3, 5), (0,), (40_000,), (7,)]
+    arrays = [rank_values("float32", shape, rank, 50 + i) for i, shape in enumerate(shapes)]
+    arrays[2] = arrays[2].T  # not contiguous
+    expected = [np.mean([rank_values("float32", shape, r, 50 + i).astype(np.float64) for r in range(size)], axis=0)
+                for i, shape in enumerate(shapes)]
+    expected[2] = expected[2].T
+    outputs = [None, arrays[1], None, None, np.empty_like(arrays[4]), None]
+    originals = [a.copy() for a in arrays]
+    results = hvd.synchronize(hvd.grouped_allreduce_async(arrays, name="group/where", outputs=outputs))
+    for index, (result, want) in enumerate(zip(results, expected)):
+        assert result.shape == want.shape and result.dtype == np.float32
+        np.testing.assert_allclose(result, want, rtol=1e-5, atol=1e-6)
+        if outputs[index] is not None:
+            assert result is outputs[index]
+        elif index != 1:
+            np.testing.assert_array_equal(arrays[index], originals[index])  # inputs left alone
+
+
+def test_grouped_allreduce_with_a_joined_rank(rank, size):
+    # The joined last rank stands in with zeros member by member, as the others reduce them.
+    shapes = [(256, 256), (256,), (9,)]
+    if rank == size - 1:
+        hvd.join()
+        return
+    arrays = [np.full(shape, rank + 1.0, dtype=np.float32) for shape in shapes]
+    results = hvd.grouped_allreduce(arrays, op=hvd.Sum, name="group/joined")
+    for result, shape in zip(results, shapes):
+        np.testing.assert_array_equal(result, np.full(shape, sum(range(1, size)), dtype=np.float32))
+    hvd.join()
+
+
 def test_grouped_allreduce_mismatched_member_raises_everywhere(rank, size):
     if size < 2:
         pytest.skip("needs two ranks")
