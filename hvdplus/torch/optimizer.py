@@ -1,9 +1,14 @@
 """DistributedOptimizer: all-reduce each gradient the moment backward produces it.
 
-A hook on every parameter (`register_post_accumulate_grad_hook`) submits that gradient's
-async all-reduce as soon as it is accumulated, so communication overlaps the rest of
-backward and the engine fuses whatever is ready together. `step()` waits for them all,
-then lets the wrapped optimizer update the parameters.
+A hook on every parameter (`register_post_accumulate_grad_hook`) marks its gradient ready
+as soon as it is accumulated; once every gradient of a fusion group is ready, the group's
+async all-reduce is submitted, so communication overlaps the rest of backward. Without
+explicit `groups`, the groups are made here: where the engine has a core of its own, of
+about `_OVERLAP_GROUP_BYTES` in the order backward finishes them; where it has none (every
+core trains), one per dtype and device, since the engine waits for step() anyway and one
+request per step costs least: a 24-layer MLP's training step on 2 ranks (50 gradients,
+6.3 MB) took 21 ms with one request per gradient and 15-19 ms with one group. `step()`
+waits for them all, then lets the wrapped optimizer update the parameters.
 """
 
 import contextlib
@@ -18,6 +23,11 @@ from .compression import Compression
 from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
 
 __all__ = ["DistributedOptimizer"]
+
+# Fusion group size where the engine thread has a core of its own: small enough that the
+# first groups are all-reduced while backward still runs, large enough to keep the
+# per-request cost low. Not tuned: this project's machines have no core to spare.
+_OVERLAP_GROUP_BYTES = 4 * 1024 * 1024
 
 
 class _DistributedOptimizer:
@@ -41,7 +51,11 @@ class _DistributedOptimizer:
             self._reduction = (op, 1.0, 1.0)
         params = [p for group in self.param_groups for p in group["params"]]
         self._names = _parameter_names(params, named_parameters)
-        self._groups = _fusion_groups(params, groups)
+        trained = [p for p in params if p.requires_grad]
+        if groups is None and size > 1:
+            self._groups = _automatic_groups(trained, runtime.current("DistributedOptimizer").engine.overlap)
+        else:
+            self._groups = _fusion_groups(params, groups)
         self._passes_left = {p: backward_passes_per_step for p in params}
         self._group_ready = {}
         self._submitted = set()
@@ -50,8 +64,7 @@ class _DistributedOptimizer:
         self._should_synchronize = True
         self._hooks = []
         if size > 1:
-            self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready)
-                           for p in params if p.requires_grad]
+            self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready) for p in trained]
 
     # -- hooks: submit each gradient once it is complete ------------------------------
     def _gradient_ready(self, param):
@@ -78,6 +91,9 @@ class _DistributedOptimizer:
             del self._group_ready[id(group)]
             self._pending.append(self._allreduce_group(group))
 
+    def _sparse_kept(self, param):
+        return param.grad is not None and param.grad.is_sparse and not self._sparse_as_dense
+
     def _dense_gradient(self, param):
         if param.grad is None:
             param.grad = torch.zeros_like(param)
@@ -87,7 +103,7 @@ class _DistributedOptimizer:
 
     def _allreduce_gradient(self, param):
         """Submit one gradient's all-reduce; returns the function that finishes it."""
-        if param.grad is not None and param.grad.is_sparse and not self._sparse_as_dense:
+        if self._sparse_kept(param):
             return self._allgather_sparse_gradient(param)
         grad = self._dense_gradient(param)
         wire, ctx = self._compression.compress(grad)
@@ -103,7 +119,9 @@ class _DistributedOptimizer:
         return finish
 
     def _allreduce_group(self, group):
-        grads = [self._dense_gradient(p) for p in group]
+        """Submit a group's all-reduce (its sparse gradients are gathered on their own)."""
+        gathered = [self._allgather_sparse_gradient(p) for p in group if self._sparse_kept(p)]
+        grads = [self._dense_gradient(p) for p in group if not self._sparse_kept(p)]
         compressed = [self._compression.compress(g) for g in grads]
         op, prescale, postscale = self._reduction
         handle = grouped_allreduce_async_([w for w, _ in compressed], name=f"grads.{self._names[group[0]]}",
@@ -114,6 +132,8 @@ class _DistributedOptimizer:
             for grad, (wire, ctx) in zip(grads, compressed):
                 if wire is not grad:
                     grad.copy_(self._compression.decompress(wire, ctx))
+            for finish_sparse in gathered:
+                finish_sparse()
 
         return finish
 
@@ -203,6 +223,24 @@ def _parameter_names(params, named_parameters):
             f"(positions {unnamed[:10]}); pass model.named_parameters() of the model the optimizer trains"
         )
     return by_param
+
+
+def _automatic_groups(params, overlap: bool):
+    """Fusion groups for `params` when the user gave none: in reverse order (as backward
+    tends to finish them), one dtype and device each, and with `overlap` of at most
+    _OVERLAP_GROUP_BYTES each (and at least one parameter)."""
+    groups, current, current_bytes = [], [], 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if current and (p.dtype != current[0].dtype or p.device != current[0].device
+                        or (overlap and current_bytes + nbytes > _OVERLAP_GROUP_BYTES)):
+            groups.append(current)
+            current, current_bytes = [], 0
+        current.append(p)
+        current_bytes += nbytes
+    if current:
+        groups.append(current)
+    return {p: group for group in groups for p in group}
 
 
 def _fusion_groups(params, groups):
