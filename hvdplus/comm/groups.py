@@ -60,21 +60,28 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
     TypeError/ValueError naming the member for bad arguments."""
     members, checked = [], {}
     for index, (array, output) in enumerate(zip(arrays, outputs)):
-        what = f"grouped_allreduce '{group}' member {index}"
-        data = arguments.as_array(array, what)
-        if output is not None:
-            arguments.check_output(output, data, what)
-        if data.dtype not in checked:  # the checks depend on the dtype alone
-            checked[data.dtype] = arguments.reduction_arguments(data, op, prescale_factor, postscale_factor, what)
+        data = array
+        # The checks depend on the dtype alone, and an output that is the array itself only
+        # needs to be writable in place: 50 gradients a step make this loop worth keeping lean.
+        if type(data) is not np.ndarray or data.dtype not in checked or (output is not None and output is not data):
+            what = f"grouped_allreduce '{group}' member {index}"
+            data = arguments.as_array(array, what)
+            if output is not None:
+                arguments.check_output(output, data, what)
+            if data.dtype not in checked:
+                checked[data.dtype] = arguments.reduction_arguments(data, op, prescale_factor, postscale_factor, what)
+        elif output is not None and not (output.flags.c_contiguous and output.flags.writeable):
+            arguments.check_output(output, data, f"grouped_allreduce '{group}' member {index}")
         members.append(data)
     if not members:
         raise ValueError(f"grouped_allreduce '{group}' has no tensors")
     op, prescale, postscale = checked[members[0].dtype]
-    kinds = {accumulation_dtype(data.dtype) for data in members}
+    kinds = {accumulation_dtype(dtype) for dtype in checked}
     reduce_as = kinds.pop() if len(kinds) == 1 else _FLOAT64
+    names = {dtype: dtype_name(dtype) for dtype in checked}
     counts = [data.size for data in members]
     # Members first: a mismatch is reported as theirs, not as the packed length's.
-    agree = {"member dtypes": tuple(dtype_name(data.dtype) for data in members),
+    agree = {"member dtypes": tuple(names[data.dtype] for data in members),
              "member shapes": tuple(data.shape for data in members),
              "dtypes": reduce_as.name, "shapes": (sum(counts),), "reduce ops": op,
              "prescale factors": prescale, "postscale factors": postscale}

@@ -45,7 +45,7 @@ def check_tensor(tensor, what: str, in_place: bool = False) -> None:
 
 def as_array(tensor) -> np.ndarray:
     """A numpy array over the tensor's memory (a host copy for CUDA tensors)."""
-    host = tensor.detach()
+    host = tensor.detach() if tensor.requires_grad else tensor
     if host.device.type != "cpu":
         host = host.cpu()
     if host.dtype == torch.bfloat16:

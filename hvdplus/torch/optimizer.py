@@ -120,8 +120,9 @@ class _DistributedOptimizer:
 
     def _allreduce_group(self, group):
         """Submit a group's all-reduce (its sparse gradients are gathered on their own)."""
-        gathered = [self._allgather_sparse_gradient(p) for p in group if self._sparse_kept(p)]
-        grads = [self._dense_gradient(p) for p in group if not self._sparse_kept(p)]
+        sparse = [p for p in group if self._sparse_kept(p)]
+        gathered = [self._allgather_sparse_gradient(p) for p in sparse]
+        grads = [self._dense_gradient(p) for p in group if not sparse or p not in sparse]
         compressed = [self._compression.compress(g) for g in grads]
         op, prescale, postscale = self._reduction
         handle = grouped_allreduce_async_([w for w, _ in compressed], name=f"grads.{self._names[group[0]]}",
