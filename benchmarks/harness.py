@@ -7,7 +7,7 @@ import time
 
 from mpi4py import MPI
 
-__all__ = ["throughput", "fit_runner", "init_gloo"]
+__all__ = ["throughput", "interleaved_throughputs", "fit_runner", "init_gloo"]
 
 
 def throughput(run, batch, steps, participants, comm=MPI.COMM_WORLD):
@@ -25,6 +25,27 @@ def throughput(run, batch, steps, participants, comm=MPI.COMM_WORLD):
         elapsed = comm.allreduce(elapsed, op=MPI.MAX)
         rounds.append(participants * batch * counted / elapsed)
     return statistics.median(rounds)
+
+
+def interleaved_throughputs(runs, batch, steps, rounds=9, comm=MPI.COMM_WORLD):
+    """{label: samples/s} for `runs` ({label: (run, participants)}, as in throughput()),
+    measured in turns: every round times `steps` steps of each run, one after the other,
+    and each result is the median over the rounds. On a shared 2-core VM whose speed drifts
+    by up to 2x within a minute, measuring one run after the other biased whole ratios
+    (the same MLP measured 0.56 and 0.73 efficiency in back-to-back jobs); in turns, every
+    run sees the same drift."""
+    for run, _ in runs.values():
+        run(3)
+    samples = {label: [] for label in runs}
+    for _ in range(rounds):
+        for label, (run, participants) in runs.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            measured = run(steps)
+            elapsed, counted = measured if measured is not None else (time.perf_counter() - start, steps)
+            elapsed = comm.allreduce(elapsed, op=MPI.MAX)
+            samples[label].append(participants * batch * counted / elapsed)
+    return {label: statistics.median(values) for label, values in samples.items()}
 
 
 def fit_seconds(model, x, y, batch, skipped=5):

@@ -3,10 +3,11 @@
     hvdplusrun -np 2 python benchmarks/torch_training.py
 
 For a ResNet-style CNN and a deep MLP (24 layers of width 256, batch 64 per rank), with one
-thread per rank, measures in the same job: hvdplus' DistributedOptimizer; torch DDP over
-gloo; every rank training its own copy without any communication ("independent ranks",
-what this machine can give n ranks at all); and one rank alone. Prints samples/s, ratios
-and scaling efficiency = hvdplus throughput / independent-ranks throughput.
+thread per rank, measures in the same job, taking turns (harness.interleaved_throughputs):
+hvdplus' DistributedOptimizer; torch DDP over gloo; every rank training its own copy
+without any communication ("independent ranks", what this machine can give n ranks at
+all); and one rank alone. Prints samples/s, ratios and scaling efficiency = hvdplus
+throughput / independent-ranks throughput.
 """
 
 import argparse
@@ -15,7 +16,7 @@ import torch
 from mpi4py import MPI
 
 import hvdplus.torch as hvd
-from harness import init_gloo, throughput
+from harness import init_gloo, interleaved_throughputs
 
 WORLD = MPI.COMM_WORLD
 
@@ -67,34 +68,32 @@ def measure(name, steps):
     build, make_data, batch = MODELS[name]
     torch.manual_seed(hvd.rank())
     data, target = make_data(batch), torch.randint(0, 10, (batch,))
-    results = {}
-
     model = build()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                          named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    results["hvdplus"] = throughput(lambda n: train_steps(model, optimizer, data, target, n), batch, steps, hvd.size())
-
     ddp = torch.nn.parallel.DistributedDataParallel(build())
     ddp_optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    results["DDP gloo"] = throughput(lambda n: train_steps(ddp, ddp_optimizer, data, target, n), batch, steps, hvd.size())
-
     alone = build()
     alone_optimizer = torch.optim.SGD(alone.parameters(), lr=0.01, momentum=0.9)
-    results["independent ranks"] = throughput(
-        lambda n: train_steps(alone, alone_optimizer, data, target, n), batch, steps, hvd.size())
 
     def rank_zero_only(n):
         if hvd.rank() == 0:
             train_steps(alone, alone_optimizer, data, target, n)
 
-    results["one rank alone"] = throughput(rank_zero_only, batch, steps, 1)
+    runs = {
+        "hvdplus": (lambda n: train_steps(model, optimizer, data, target, n), hvd.size()),
+        "DDP gloo": (lambda n: train_steps(ddp, ddp_optimizer, data, target, n), hvd.size()),
+        "independent ranks": (lambda n: train_steps(alone, alone_optimizer, data, target, n), hvd.size()),
+        "one rank alone": (rank_zero_only, 1),
+    }
+    results = interleaved_throughputs(runs, batch, steps)
     return results
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=12, help="steps per run in each of 9 rounds")
     parser.add_argument("--models", default="cnn,mlp")
     args = parser.parse_args()
     torch.set_num_threads(1)
