@@ -93,38 +93,43 @@ def test_grouped_allreduce_packs_members_and_keeps_their_dtypes(rank, size):
     assert hvd.grouped_allreduce([], name="group/empty") == []
 
 
-def test_grouped_allreduce_where_members_lie(rank, size):
-    # float32 members, no prescale: on one node reduced member by member, with sizes that take
-    # both MPI (64 KiB - 16 MiB) and the shared window; a strided member, and outputs given
-    # for some members only.
+def test_grouped_allreduce_in_place_where_members_lie(rank, size):
+    # In place, float32, no prescale: on one node reduced member by member, with sizes that
+    # take both MPI (64 KiB - 16 MiB) and the shared window.
     shapes = [(256, 256), (256,), (3, 5), (0,), (40_000,), (7,)]
     arrays = [rank_values("float32", shape, rank, 50 + i) for i, shape in enumerate(shapes)]
-    arrays[2] = arrays[2].T  # not contiguous
-    expected = [np.mean([rank_values("float32", shape, r, 50 + i).astype(np.float64) for r in range(size)], axis=0)
-                for i, shape in enumerate(shapes)]
-    expected[2] = expected[2].T
-    outputs = [None, arrays[1], None, None, np.empty_like(arrays[4]), None]
+    results = hvd.synchronize(hvd.grouped_allreduce_async(arrays, name="group/where", outputs=arrays))
+    for i, (shape, array, result) in enumerate(zip(shapes, arrays, results)):
+        want = np.mean([rank_values("float32", shape, r, 50 + i).astype(np.float64) for r in range(size)], axis=0)
+        assert result is array
+        np.testing.assert_allclose(array, want, rtol=1e-5, atol=1e-6)
+
+
+def test_grouped_allreduce_with_some_outputs_and_a_strided_member(rank, size):
+    shapes = [(256, 256), (3, 5), (9,)]
+    arrays = [rank_values("float32", shape, rank, 60 + i) for i, shape in enumerate(shapes)]
+    arrays[1] = arrays[1].T  # not contiguous
     originals = [a.copy() for a in arrays]
-    results = hvd.synchronize(hvd.grouped_allreduce_async(arrays, name="group/where", outputs=outputs))
-    for index, (result, want) in enumerate(zip(results, expected)):
-        assert result.shape == want.shape and result.dtype == np.float32
-        np.testing.assert_allclose(result, want, rtol=1e-5, atol=1e-6)
-        if outputs[index] is not None:
-            assert result is outputs[index]
-        elif index != 1:
-            np.testing.assert_array_equal(arrays[index], originals[index])  # inputs left alone
+    outputs = [None, None, np.empty(9, dtype=np.float32)]
+    results = hvd.synchronize(hvd.grouped_allreduce_async(arrays, name="group/some", op=hvd.Sum, outputs=outputs))
+    for i, (shape, result) in enumerate(zip(shapes, results)):
+        want = np.sum([rank_values("float32", shape, r, 60 + i).astype(np.float64) for r in range(size)], axis=0)
+        np.testing.assert_allclose(result, want.T if i == 1 else want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(arrays[i], originals[i])  # inputs left alone
+    assert results[2] is outputs[2]
 
 
 def test_grouped_allreduce_with_a_joined_rank(rank, size):
-    # The joined last rank stands in with zeros member by member, as the others reduce them.
+    # The joined last rank stands in with zeros member by member, as the others reduce an
+    # in-place group.
     shapes = [(256, 256), (256,), (9,)]
     if rank == size - 1:
         hvd.join()
         return
     arrays = [np.full(shape, rank + 1.0, dtype=np.float32) for shape in shapes]
-    results = hvd.grouped_allreduce(arrays, op=hvd.Sum, name="group/joined")
-    for result, shape in zip(results, shapes):
-        np.testing.assert_array_equal(result, np.full(shape, sum(range(1, size)), dtype=np.float32))
+    hvd.synchronize(hvd.grouped_allreduce_async(arrays, op=hvd.Sum, name="group/joined", outputs=arrays))
+    for array, shape in zip(arrays, shapes):
+        np.testing.assert_array_equal(array, np.full(shape, sum(range(1, size)), dtype=np.float32))
     hvd.join()
 
 
