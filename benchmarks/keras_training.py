@@ -5,8 +5,9 @@
 
 In one job and one thread per rank: model.fit with hvdplus' DistributedOptimizer on every
 rank, the same ranks fitting their own copies with no communication ("independent
-ranks"), and one rank alone. Scaling efficiency = hvdplus / independent ranks. Timed in
-steady state, between batch ends inside each fit (see fit_throughput).
+ranks"), and one rank alone, taking turns round after round
+(harness.interleaved_throughputs). Scaling efficiency = hvdplus / independent ranks. Timed
+in steady state, between batch ends inside each fit (see fit_run).
 """
 
 import argparse
@@ -20,7 +21,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import hvdplus.keras as hvd  # noqa: E402
-from harness import fit_runner, throughput  # noqa: E402
+from harness import fit_runner, interleaved_throughputs  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
@@ -31,8 +32,9 @@ def build_model(width=256, depth=8):
     return keras.Sequential(layers + [keras.layers.Dense(10)])
 
 
-def fit_throughput(model, x, y, batch, participants):
-    """Samples/s of all participating ranks in steady state (see harness.fit_runner)."""
+def fit_run(model, x, y, batch, participants):
+    """(run, participants) for harness.interleaved_throughputs: fits timed in steady state
+    (see harness.fit_runner)."""
     fit = fit_runner(model, x, y, batch)
 
     def run(n):
@@ -40,13 +42,14 @@ def fit_throughput(model, x, y, batch, participants):
             return 0.0, 1  # not taking part: the slowest rank's time is the participant's
         return fit(n)
 
-    return throughput(run, batch, len(x) // batch, participants)
+    return run, participants
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=60, help="steps per fit in each round")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds in which the runs take turns")
     args = parser.parse_args()
     if keras.backend.backend() == "torch":
         import torch
@@ -59,14 +62,15 @@ def main():
     y = rng.integers(0, 10, rows)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    results = {}
     model = build_model()
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9)), loss=loss)
-    results["hvdplus"] = fit_throughput(model, x, y, args.batch_size, hvd.size())
     alone = build_model()
     alone.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss=loss)
-    results["independent ranks"] = fit_throughput(alone, x, y, args.batch_size, hvd.size())
-    results["one rank alone"] = fit_throughput(alone, x, y, args.batch_size, 1)
+    results = interleaved_throughputs({
+        "hvdplus": fit_run(model, x, y, args.batch_size, hvd.size()),
+        "independent ranks": fit_run(alone, x, y, args.batch_size, hvd.size()),
+        "one rank alone": fit_run(alone, x, y, args.batch_size, 1),
+    }, args.batch_size, args.steps, rounds=args.rounds)
     if hvd.rank() == 0:
         print(f"Keras {keras.__version__}, backend {keras.backend.backend()}, {hvd.size()} ranks, "
               f"MLP 8 x 256, batch {args.batch_size} per rank; samples/s of all ranks together")

@@ -14,8 +14,9 @@ one inter-op thread per process, measures in one job:
   (d) every process training its own copy with a plain custom loop ("independent ranks", what
       this machine can give n processes at all);
   (e) one process alone.
-Prints samples/s of all processes together, scaling efficiency = (b)/(d) and (a)/(d), and
-ratios to (c).
+(a), (b), (d) and (e) take turns, round after round (harness.interleaved_throughputs), so that
+the VM's drift hits them alike. Prints samples/s of all processes together, scaling
+efficiency = (b)/(d) and (a)/(d), and ratios to (c).
 
 TensorFlow configures its collective ops once per process, before its runtime starts
 ("Collective ops must be configured at program startup" otherwise), so (c)'s strategy is
@@ -63,7 +64,8 @@ def set_tf_config(comm):
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=64, help="rows per step on each process")
-    parser.add_argument("--steps", type=int, default=100, help="steps per timed round")
+    parser.add_argument("--steps", type=int, default=40, help="steps per timed round")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds in which (a), (b), (d), (e) take turns")
     parser.add_argument("--multiworker-timeout", type=float, default=90.0,
                         help="seconds (c) may take before it is reported as failed")
     parser.add_argument("--only-multiworker", action="store_true", help="run (c) alone")
@@ -78,7 +80,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdplus.tensorflow as hvd  # noqa: E402
-from harness import fit_runner, throughput  # noqa: E402
+from harness import fit_runner, interleaved_throughputs, throughput  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -217,14 +219,13 @@ def main():
 
     results = {}
     if not ARGS.only_multiworker:
-        results["(a) MirroredStrategy fit + hvdplus"] = throughput(mirrored_fit(x, y, batch), batch, ARGS.steps,
-                                                                   hvd.size())
-        results["(b) DistributedGradientTape"] = throughput(gradient_tape_loop(x_batch, y_batch, True), batch,
-                                                            ARGS.steps, hvd.size())
         alone = gradient_tape_loop(x_batch, y_batch, False)
-        results["(d) independent ranks"] = throughput(alone, batch, ARGS.steps, hvd.size())
-        results["(e) one process alone"] = throughput(lambda n: alone(n) if hvd.rank() == 0 else None, batch,
-                                                      ARGS.steps, 1)
+        results = interleaved_throughputs({
+            "(a) MirroredStrategy fit + hvdplus": (mirrored_fit(x, y, batch), hvd.size()),
+            "(b) DistributedGradientTape": (gradient_tape_loop(x_batch, y_batch, True), hvd.size()),
+            "(d) independent ranks": (alone, hvd.size()),
+            "(e) one process alone": (lambda n: alone(n) if hvd.rank() == 0 else None, 1),
+        }, batch, ARGS.steps, rounds=ARGS.rounds)
     if strategy is not None:
         value, error, hung = guarded(
             lambda comm: throughput(multiworker_loop(strategy, x_batch, y_batch, batch), batch, ARGS.steps,
