@@ -120,9 +120,12 @@ class _DistributedOptimizer:
 
     def _allreduce_group(self, group):
         """Submit a group's all-reduce (its sparse gradients are gathered on their own)."""
-        sparse = [p for p in group if self._sparse_kept(p)]
-        gathered = [self._allgather_sparse_gradient(p) for p in sparse]
-        grads = [self._dense_gradient(p) for p in group if not sparse or p not in sparse]
+        gathered, grads = [], []
+        for p in group:
+            if self._sparse_kept(p):
+                gathered.append(self._allgather_sparse_gradient(p))
+            else:
+                grads.append(self._dense_gradient(p))
         compressed = [self._compression.compress(g) for g in grads]
         op, prescale, postscale = self._reduction
         handle = grouped_allreduce_async_([w for w, _ in compressed], name=f"grads.{self._names[group[0]]}",

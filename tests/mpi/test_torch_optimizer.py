@@ -161,22 +161,25 @@ def test_zero_grad_before_step_is_refused(rank, size):
 
 
 def test_sparse_gradients_allgathered_or_densified(rank, size):
+    # A sparse embedding beside a dense layer: by default both fall in one fusion group.
     for sparse_as_dense in (False, True):
         torch.manual_seed(0)
-        embedding = torch.nn.Embedding(10, 4, sparse=True)
-        reference = copy.deepcopy(embedding)
-        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=0.5),
-                                             named_parameters=embedding.named_parameters(),
+        model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2))
+        reference = copy.deepcopy(model)
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                             named_parameters=model.named_parameters(),
                                              sparse_as_dense=sparse_as_dense)
         ids = [torch.tensor([r % 10, (3 * r + 1) % 10, 7]) for r in range(size)]
         optimizer.zero_grad()
-        embedding(ids[rank]).pow(2).sum().backward()
+        model(ids[rank]).pow(2).sum().backward()
         optimizer.step()
         # Reference: the average over ranks of each rank's gradient, applied once.
-        total = sum(torch.autograd.grad(reference(ids[r]).pow(2).sum(), reference.weight)[0].to_dense()
-                    for r in range(size))
-        expected = reference.weight.detach() - 0.5 * total / size
-        torch.testing.assert_close(embedding.weight.detach(), expected, rtol=1e-5, atol=1e-5)
+        grads = [torch.autograd.grad(reference(ids[r]).pow(2).sum(), list(reference.parameters()))
+                 for r in range(size)]
+        for index, (param, before) in enumerate(zip(model.parameters(), reference.parameters())):
+            total = sum(g[index].to_dense() for g in grads)
+            expected = before.detach() - 0.5 * total / size
+            torch.testing.assert_close(param.detach(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_broadcast_parameters_and_optimizer_state(rank, size):
