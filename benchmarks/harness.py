@@ -16,15 +16,18 @@ def throughput(run, batch, steps, participants, comm=MPI.COMM_WORLD):
     barrier to the slowest rank's end. A `run` that returns (seconds, steps) timed itself
     in steady state (see fit_seconds), and that counts instead."""
     run(3)
-    rounds = []
-    for _ in range(3):
-        comm.Barrier()
-        start = time.perf_counter()
-        measured = run(steps)
-        elapsed, counted = measured if measured is not None else (time.perf_counter() - start, steps)
-        elapsed = comm.allreduce(elapsed, op=MPI.MAX)
-        rounds.append(participants * batch * counted / elapsed)
-    return statistics.median(rounds)
+    return statistics.median([_timed_round(run, batch, steps, participants, comm) for _ in range(3)])
+
+
+def _timed_round(run, batch, steps, participants, comm):
+    """Samples/s of one `run(steps)`, from a barrier to the slowest rank's end (or as `run`
+    timed itself)."""
+    comm.Barrier()
+    start = time.perf_counter()
+    measured = run(steps)
+    elapsed, counted = measured if measured is not None else (time.perf_counter() - start, steps)
+    elapsed = comm.allreduce(elapsed, op=MPI.MAX)
+    return participants * batch * counted / elapsed
 
 
 def interleaved_throughputs(runs, batch, steps, rounds=9, comm=MPI.COMM_WORLD):
@@ -39,12 +42,7 @@ def interleaved_throughputs(runs, batch, steps, rounds=9, comm=MPI.COMM_WORLD):
     samples = {label: [] for label in runs}
     for _ in range(rounds):
         for label, (run, participants) in runs.items():
-            comm.Barrier()
-            start = time.perf_counter()
-            measured = run(steps)
-            elapsed, counted = measured if measured is not None else (time.perf_counter() - start, steps)
-            elapsed = comm.allreduce(elapsed, op=MPI.MAX)
-            samples[label].append(participants * batch * counted / elapsed)
+            samples[label].append(_timed_round(run, batch, steps, participants, comm))
     return {label: statistics.median(values) for label, values in samples.items()}
 
 

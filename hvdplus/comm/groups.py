@@ -131,4 +131,3 @@ def _unpack(reduced: np.ndarray, members, outputs, counts):
         else:
             results.append(piece.astype(data.dtype))
     return results
-
