@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..common import runtime
+from ..common.errors import HvdplusError
 from ..common.reduce_ops import Average, Sum
 from .compression import Compression
 from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
@@ -101,12 +102,22 @@ class _DistributedOptimizer:
             param.grad = param.grad.to_dense()
         return param.grad
 
+    def _on_the_wire(self, grad):
+        """(tensor to reduce in place, compression context); a tensor other than `grad` is
+        copied back into it when reduced. A parameter in channels_last gets its gradient in
+        that layout (torch's gradient layout contract), which is not C-contiguous: it is
+        reduced as a contiguous copy."""
+        wire, ctx = self._compression.compress(grad)
+        if not wire.is_contiguous():
+            wire = wire.contiguous()
+        return wire, ctx
+
     def _allreduce_gradient(self, param):
         """Submit one gradient's all-reduce; returns the function that finishes it."""
         if self._sparse_kept(param):
             return self._allgather_sparse_gradient(param)
         grad = self._dense_gradient(param)
-        wire, ctx = self._compression.compress(grad)
+        wire, ctx = self._on_the_wire(grad)
         op, prescale, postscale = self._reduction
         handle = allreduce_async_(wire, name=f"grad.{self._names[param]}", op=op,
                                   prescale_factor=prescale, postscale_factor=postscale)
@@ -120,19 +131,26 @@ class _DistributedOptimizer:
 
     def _allreduce_group(self, group):
         """Submit a group's all-reduce (its sparse gradients are gathered on their own)."""
-        gathered, grads = [], []
+        gathered, grads, dense = [], [], []
         for p in group:
             if self._sparse_kept(p):
                 gathered.append(self._allgather_sparse_gradient(p))
             else:
                 grads.append(self._dense_gradient(p))
-        compressed = [self._compression.compress(g) for g in grads]
+                dense.append(p)
+        compressed = [self._on_the_wire(g) for g in grads]
         op, prescale, postscale = self._reduction
-        handle = grouped_allreduce_async_([w for w, _ in compressed], name=f"grads.{self._names[group[0]]}",
+        name = f"grads.{self._names[group[0]]}"
+        handle = grouped_allreduce_async_([w for w, _ in compressed], name=name,
                                           op=op, prescale_factor=prescale, postscale_factor=postscale)
 
         def finish():
-            handle.wait()
+            try:
+                handle.wait()
+            except (HvdplusError, TypeError, ValueError) as error:
+                # The core names the group's members by index; the user knows parameter names.
+                members = ", ".join(f"{index} '{self._names[p]}'" for index, p in enumerate(dense))
+                raise type(error)(f"{error}\n  members of '{name}': {members}") from None
             for grad, (wire, ctx) in zip(grads, compressed):
                 if wire is not grad:
                     grad.copy_(self._compression.decompress(wire, ctx))

@@ -67,6 +67,31 @@ def test_k_ranks_equal_one_process_with_k_times_the_batch(optimizer_name, groups
     assert_same_parameters(model, single_process(OPTIMIZERS[optimizer_name], batches))
 
 
+def test_channels_last_parameters_train_like_one_process(rank, size):
+    def conv_model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                   torch.nn.Linear(4 * 4 * 4, 2))
+
+    generator = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(size * 3, 3, 6, 6, generator=generator), torch.randn(size * 3, 2, generator=generator))
+               for _ in range(3)]
+    model = conv_model().to(memory_format=torch.channels_last)
+    assert not model[0].weight.is_contiguous()  # its gradient comes in the same layout
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                         named_parameters=model.named_parameters())
+    reference = conv_model()
+    plain = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss_fn(model, rows(rank, x, 3), rows(rank, y, 3)).backward()
+        optimizer.step()
+        plain.zero_grad()
+        loss_fn(reference, x, y).backward()
+        plain.step()
+    assert_same_parameters(model, reference)
+
+
 def test_backward_passes_per_step_equals_a_larger_batch(rank, size):
     passes = 3
     batches = global_batches(size * passes, steps=2)
@@ -145,6 +170,21 @@ def test_named_parameter_errors():
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named + [named[0]])
     with pytest.raises(ValueError, match="not in it"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named[:2])
+
+
+@pytest.mark.skipif(hvd.size() < 2, reason="a mismatch needs two ranks")
+def test_models_that_differ_across_ranks_raise_naming_the_parameters(rank):
+    width = 3 if rank == 0 else 2
+    model = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 1))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    with pytest.raises(hvd.TensorMismatchError) as info:
+        optimizer.step()
+    message = str(info.value)
+    assert "Mismatched member shapes" in message and "rank 0 had ((1,), (1, 3), (3,), (3, 4))" in message
+    assert "members of 'grads.1.bias': 0 '1.bias', 1 '1.weight', 2 '0.bias', 3 '0.weight'" in message
+    assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(hvd.size())))
 
 
 @pytest.mark.skipif(hvd.size() < 2, reason="hooks are only installed with several ranks")
