@@ -27,6 +27,7 @@ import numpy as np
 from ..common.dtypes import accumulation_dtype, dtype_name
 from ..common.requests import Request
 from . import arguments
+from .reduction import same_memory
 
 __all__ = ["Members", "grouped_request", "reduced_member_wise"]
 
@@ -124,7 +125,8 @@ def _unpack(reduced: np.ndarray, members, outputs, counts):
         piece = reduced[offset:offset + count].reshape(data.shape)
         offset += count
         if output is not None:
-            np.copyto(output, piece, casting="unsafe")
+            if not same_memory(output, piece):  # a single member reduced in place already is
+                np.copyto(output, piece, casting="unsafe")
             results.append(output)
         elif piece.dtype == data.dtype:
             results.append(piece)

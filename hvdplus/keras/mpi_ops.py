@@ -39,7 +39,7 @@ def allgather_object(obj, name=None):
     return collectives.allgather_object(obj, name)
 
 
-def allreduce_gradients(grads, names, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_gradients(grads, variables, op=Average, prescale_factor=1.0, postscale_factor=1.0):
     """All-reduce a training step's gradients as one fused group, on whatever the backend
     hands the optimizer: TensorFlow tensors inside `tf.function`, torch tensors eagerly.
     `None` gradients stay None (every rank's model has the same unused variables)."""
@@ -48,19 +48,15 @@ def allreduce_gradients(grads, names, op=Average, prescale_factor=1.0, postscale
         return list(grads)
     backend = keras.backend.backend()
     tensors = [grads[i] for i in present]
-    group = "keras." + names[present[0]] if names else None
+    group = "keras." + _variable_name(variables, present[0])
     if backend == "tensorflow":
         from .. import tensorflow as hvd_tf
 
         reduced = hvd_tf.grouped_allreduce(tensors, op=op, prescale_factor=prescale_factor,
                                            postscale_factor=postscale_factor, name=group)
     elif backend == "torch":
-        from .. import torch as hvd_torch
-
-        # Results are views of the group's packed buffer: no copy back into the gradients.
-        reduced = hvd_torch.grouped_allreduce([t.detach().contiguous() for t in tensors], op=op,
-                                              prescale_factor=prescale_factor,
-                                              postscale_factor=postscale_factor, name=group)
+        reduced = _torch_grouped_allreduce(tensors, [variables[i] for i in present], op, prescale_factor,
+                                           postscale_factor, group)
     else:
         raise NotImplementedError(
             f"hvdplus.keras all-reduces gradients on the tensorflow and torch backends, not {backend!r}"
@@ -69,3 +65,22 @@ def allreduce_gradients(grads, names, op=Average, prescale_factor=1.0, postscale
     for index, tensor in zip(present, reduced):
         result[index] = tensor
     return result
+
+
+def _variable_name(variables, index):
+    return getattr(variables[index], "path", None) or f"variable.{index}"
+
+
+def _torch_grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor, group):
+    from .. import torch as hvd_torch
+
+    if all(tensor is getattr(variable.value, "grad", None) for tensor, variable in zip(tensors, variables)):
+        # model.fit hands the variables' own .grad, which Keras clears before the next pass:
+        # reduced where they lie (no packing copy), as torch's DistributedOptimizer does.
+        return hvd_torch.grouped_allreduce_(tensors, op=op, prescale_factor=prescale_factor,
+                                            postscale_factor=postscale_factor, name=group)
+    # Gradients of a custom loop stay untouched; the results are views of the group's
+    # packed buffer, with no copy back.
+    return hvd_torch.grouped_allreduce([t.detach().contiguous() for t in tensors], op=op,
+                                       prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                       name=group)

@@ -39,10 +39,9 @@ class _DistributedOptimizer:
 
     def apply(self, grads, trainable_variables=None):
         variables = trainable_variables if trainable_variables is not None else self._trainable_variables
-        names = [getattr(v, "path", None) or f"variable.{i}" for i, v in enumerate(variables)]
         if runtime.size() > 1:
             op, prescale, postscale = self._hvdplus_reduction
-            grads = allreduce_gradients(list(grads), names, op, prescale, postscale)
+            grads = allreduce_gradients(list(grads), list(variables), op, prescale, postscale)
         return super().apply(grads, trainable_variables)
 
 

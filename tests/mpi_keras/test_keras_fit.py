@@ -168,3 +168,12 @@ def test_collectives_on_backend_tensors(rank, size):
     root = keras.ops.convert_to_numpy(hvd.broadcast(value, root_rank=size - 1))
     np.testing.assert_array_equal(root, np.full((2, 2), float(size - 1)))
     assert hvd.verbose() == (1 if rank == 0 else 0)
+
+
+def test_apply_gradients_averages_and_leaves_the_callers_gradients_alone(rank, size):
+    variable = keras.Variable(np.zeros(3, dtype="float32"))
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0))
+    grad = keras.ops.convert_to_tensor(np.full(3, rank + 1.0, dtype="float32"))
+    optimizer.apply_gradients([(grad, variable)])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), np.full(3, -(size + 1) / 2))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(grad), np.full(3, rank + 1.0))
