@@ -46,7 +46,9 @@ def check_tensor(tensor, what: str, in_place: bool = False) -> None:
 def as_array(tensor) -> np.ndarray:
     """A numpy array over the tensor's memory (a host copy for CUDA tensors)."""
     host = tensor.detach() if tensor.requires_grad else tensor
-    if host.device.type != "cpu":
+    # is_cpu rather than device.type, which builds a torch.device (0.7 us a tensor, and an
+    # optimizer step asks it of every gradient).
+    if not host.is_cpu:
         host = host.cpu()
     if host.dtype == torch.bfloat16:
         return host.view(torch.int16).numpy().view(_bfloat16())
@@ -59,7 +61,7 @@ def as_in_place_array(tensor):
     For a CPU tensor the array is its memory; a CUDA tensor gets a host copy that is
     copied back when the operation is done."""
     array = as_array(tensor)
-    if tensor.device.type == "cpu":
+    if tensor.is_cpu:
         return array, lambda: tensor
 
     def copy_back():
@@ -75,6 +77,6 @@ def to_tensor(array: np.ndarray, like) -> torch.Tensor:
         result = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     else:
         result = torch.from_numpy(array)
-    if like is not None and like.device.type != "cpu":
+    if like is not None and not like.is_cpu:
         result = result.to(like.device)
     return result
