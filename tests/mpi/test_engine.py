@@ -93,10 +93,14 @@ def test_grouped_allreduce_packs_members_and_keeps_their_dtypes(rank, size):
     assert hvd.grouped_allreduce([], name="group/empty") == []
 
 
-def test_grouped_allreduce_in_place_where_members_lie(rank, size):
+@pytest.mark.parametrize("shapes", [
+    [(256, 256), (256,), (3, 5), (0,), (40_000,), (7,)],
+    [(256, 256)] + [(2000,), (3, 5)] * 10,
+], ids=["small-members-in-one-mpi-call", "small-members-through-the-window"])
+def test_grouped_allreduce_in_place_where_members_lie(shapes, rank, size):
     # In place, float32, no prescale: on one node reduced member by member, with sizes that
-    # take both MPI (64 KiB - 16 MiB) and the shared window.
-    shapes = [(256, 256), (256,), (3, 5), (0,), (40_000,), (7,)]
+    # take one MPI call each (64 KiB - 16 MiB), and small ones packed into one MPI call
+    # (under 64 KiB together) or reduced through the shared window.
     arrays = [rank_values("float32", shape, rank, 50 + i) for i, shape in enumerate(shapes)]
     results = hvd.synchronize(hvd.grouped_allreduce_async(arrays, name="group/where", outputs=arrays))
     for i, (shape, array, result) in enumerate(zip(shapes, arrays, results)):
