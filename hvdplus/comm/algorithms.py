@@ -173,8 +173,9 @@ class CollectiveAlgorithms:
     def allreduce_arrays(self, sources, op, scale: float, targets) -> None:
         """All-reduce a fused batch on one node: each flat accumulation-dtype array of
         `sources` into the same-shaped array of `targets` (which may be the source itself),
-        times `scale`, with no fusion buffer: mid-sized arrays one MPI_Allreduce each, the
-        rest together through the shared window. The split depends only on agreed sizes."""
+        times `scale`, with no fusion buffer: mid-sized arrays one MPI_Allreduce each, small
+        ones packed into one MPI call while under SMALL_BYTES together, the rest together
+        through the shared window. The split depends only on agreed sizes."""
         low, high = MPI_PER_ARRAY_BYTES
         small, fused_sources, fused_targets = [], [], []
         for source, target in zip(sources, targets):
