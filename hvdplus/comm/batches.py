@@ -98,11 +98,9 @@ def _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline):
                 targets.append(zeros)
             results.append(None)
         elif isinstance(payload, Members):
-            outputs = [algorithms.outputs.empty(data.shape, data.dtype) if output is None else output
-                       for data, output in zip(payload.sources, payload.targets)]
-            sources.extend(payload.sources)
-            targets.extend(outputs)
-            results.append(outputs)
+            sources.extend(payload.arrays)
+            targets.extend(payload.arrays)
+            results.append(payload.arrays)
         else:
             data, output = payload
             if output is None:

@@ -35,14 +35,13 @@ _FLOAT64 = np.dtype(np.float64)
 
 
 class Members:
-    """A group's payload when it is reduced member by member: each member's flat array, and
-    the flat array its result goes to (None: a new array)."""
+    """A group's payload when it is reduced in place member by member: each member's flat
+    array, which is also where its result goes."""
 
-    __slots__ = ("sources", "targets")
+    __slots__ = ("arrays",)
 
-    def __init__(self, sources, targets):
-        self.sources = sources
-        self.targets = targets
+    def __init__(self, arrays):
+        self.arrays = arrays
 
 
 def reduced_member_wise(agree) -> bool:
@@ -93,12 +92,8 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
              "prescale factors": prescale, "postscale factors": postscale}
     request = Request("allreduce", group, agree)
     if in_shared_memory and prescale == 1.0 and reduced_member_wise(agree):
-        # reshape(-1) copies a member that is not contiguous: a private source for the engine.
-        payload = Members([data.reshape(-1) for data in members],
-                          [None if out is None else out.reshape(-1) for out in outputs])
-        return request, payload, lambda targets: [
-            out if out is not None else target.reshape(data.shape)
-            for out, target, data in zip(outputs, targets, members)]
+        # In place, so every member is its own checked, C-contiguous output: flat views.
+        return request, Members([data.reshape(-1) for data in members]), lambda _: list(outputs)
     if len(members) == 1 and members[0].dtype == reduce_as and members[0].flags.c_contiguous:
         # Nothing to pack: the engine reduces the member where it lies.
         output = outputs[0]
