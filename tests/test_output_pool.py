@@ -46,3 +46,13 @@ def test_a_full_pool_makes_room_by_dropping_an_unused_buffer():
     held = small_budget.empty((200,), np.dtype(np.float32))
     extra = small_budget.empty((200,), np.dtype(np.float32))
     assert len(small_budget) == 1 and address(held) != address(extra)
+
+
+def test_results_start_on_64_byte_boundaries():
+    # TensorFlow copies a numpy result that is not aligned so; glibc's large blocks are not.
+    pool = OutputPool(min_bytes=16)
+    for count in (5, 300_000, 525_000):
+        held = pool.empty((count,), np.dtype(np.float32))
+        assert address(held) % 64 == 0
+        del held
+        assert address(pool.empty((count,), np.dtype(np.float32))) % 64 == 0
