@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ..common.dtypes import accumulation_dtype, itemsize_of
+from ..common.fusion import AVERAGED_WHILE_PACKING
 from ..common.reduce_ops import ReduceOp
 from ..common.timeline import now_us
 from . import mpi_collectives
@@ -35,7 +36,9 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
 
     A payload is (array, output or None), or JOINED on a rank that has joined."""
     agree = batch.requests[0].agree
-    scaling = (agree["reduce ops"], agree["prescale factors"], agree["postscale factors"])
+    # Fused batches share the mark (see fusion_key): their Average is then a plain sum.
+    op = ReduceOp.SUM if AVERAGED_WHILE_PACKING in agree else agree["reduce ops"]
+    scaling = (op, agree["prescale factors"], agree["postscale factors"])
     # The path depends on agreed values only: every rank must run the same algorithm.
     if _reducible_in_place(algorithms, agree):
         return _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline)

@@ -114,7 +114,7 @@ def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outp
     try:
         request, payload, finish = grouped_request(
             group, arrays, outputs, op, prescale_factor, postscale_factor, live.algorithms.outputs,
-            in_shared_memory=live.algorithms.engine_algorithm == "shm")
+            in_shared_memory=live.algorithms.engine_algorithm == "shm", size=live.algorithms.size)
     except (TypeError, ValueError) as exc:  # submitted, so that every rank raises it
         request, payload, finish = input_error("allreduce", group, exc), None, None
     return live.engine.submit(request, payload, finish)

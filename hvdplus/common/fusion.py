@@ -12,13 +12,18 @@ import numpy as np
 
 from .dtypes import accumulation_dtype
 
-__all__ = ["fusion_key", "fused_nbytes", "FusionBuffer"]
+__all__ = ["AVERAGED_WHILE_PACKING", "fusion_key", "fused_nbytes", "FusionBuffer"]
+
+# The agreed mark of an Average whose 1/size every rank applied as it packed its tensors,
+# so that the sum is already the average (see hvdplus/comm/groups.py).
+AVERAGED_WHILE_PACKING = "averaged while packing"
 
 
 def fusion_key(request):
     """All-reduces with equal keys may share a batch."""
     agree = request.agree
-    return (agree["dtypes"], agree["reduce ops"], agree["prescale factors"], agree["postscale factors"])
+    return (agree["dtypes"], agree["reduce ops"], agree["prescale factors"], agree["postscale factors"],
+            AVERAGED_WHILE_PACKING in agree)
 
 
 def fused_nbytes(request) -> int:

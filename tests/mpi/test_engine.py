@@ -109,6 +109,36 @@ def test_grouped_allreduce_in_place_where_members_lie(shapes, rank, size):
         np.testing.assert_allclose(array, want, rtol=1e-5, atol=1e-6)
 
 
+def test_packed_group_average_equals_the_sum_divided_bit_for_bit(rank, size):
+    # A packed group (new results, float32 members) on a power-of-two number of ranks is
+    # averaged while packed; elsewhere divided after the sum. Either way the bits equal
+    # float32 sum-then-divide (exactly where the order of MPI's sum cannot differ: 2 ranks),
+    # and the results start on 64-byte boundaries (TensorFlow takes them without a copy).
+    shapes = [(256, 256), (256,), (3, 5), (10,)]
+    arrays = [rank_values("float32", shape, rank, 70 + i, -1e3, 1e3) for i, shape in enumerate(shapes)]
+    results = hvd.grouped_allreduce(arrays, name="group/average")
+    for i, (shape, result) in enumerate(zip(shapes, results)):
+        total = np.zeros(shape, np.float32)
+        for r in range(size):
+            total += rank_values("float32", shape, r, 70 + i, -1e3, 1e3)
+        if size <= 2:
+            np.testing.assert_array_equal(result, total / np.float32(size))
+        else:
+            np.testing.assert_allclose(result, total / np.float32(size), rtol=1e-6, atol=1e-4)
+    # (3, 5) is 60 bytes: the member after it starts on the next boundary all the same.
+    assert [result.__array_interface__["data"][0] % 64 for result in results] == [0] * len(shapes)
+    # Averaged while packed, a sum beyond float32's range is no longer in the way.
+    huge = hvd.grouped_allreduce([np.full(4, 3e38, np.float32), np.ones(2, np.float32)], name="group/huge")[0]
+    if size & (size - 1) == 0:
+        np.testing.assert_array_equal(huge, np.full(4, 3e38, np.float32))
+    # Fused with an all-reduce that divides after the sum: each keeps its own scaling.
+    plain = hvd.allreduce_async(np.full(5, rank + 1.0, np.float32), name="plain average")
+    packed = hvd.grouped_allreduce_async([np.full(3, rank + 1.0, np.float32), np.ones(2, np.float32)],
+                                         name="group/beside")
+    np.testing.assert_array_equal(hvd.synchronize(plain), np.full(5, (size + 1) / 2))
+    np.testing.assert_array_equal(hvd.synchronize(packed)[0], np.full(3, (size + 1) / 2))
+
+
 def test_grouped_allreduce_with_some_outputs_and_a_strided_member(rank, size):
     shapes = [(256, 256), (3, 5), (9,)]
     arrays = [rank_values("float32", shape, rank, 60 + i) for i, shape in enumerate(shapes)]
