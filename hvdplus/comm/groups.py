@@ -104,55 +104,53 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
              "in place": all(out is data for out, data in zip(outputs, members)),
              "dtypes": reduce_as.name, "shapes": (packed_size,), "reduce ops": op,
              "prescale factors": prescale, "postscale factors": postscale}
-    request = Request("allreduce", group, agree)
     if in_shared_memory and prescale == 1.0 and reduced_member_wise(agree):
         # In place, so every member is its own checked, C-contiguous output: flat views.
-        return request, Members([data.reshape(-1) for data in members]), lambda _: list(outputs)
-    if len(members) == 1 and members[0].dtype == reduce_as and members[0].flags.c_contiguous:
-        # Nothing to pack: the engine reduces the member where it lies.
-        output = outputs[0]
-        payload = (members[0].reshape(-1), None if output is None else output.reshape(-1))
-    else:
-        scale = 1.0
-        if _average_while_packing(agree, in_shared_memory, size):
-            agree[AVERAGED_WHILE_PACKING] = True  # last: a mismatch elsewhere is reported first
-            scale = 1.0 / size
-        packed = pool.empty((packed_size,), reduce_as)
-        end = 0
-        for data, start, count in zip(members, starts, counts):
-            packed[end:start] = 0
-            end = start + count
-            if scale == 1.0:
-                packed[start:end] = data.reshape(-1)
-            else:
-                np.multiply(data.reshape(-1), scale, out=packed[start:end])
-        payload = (packed, packed)
+        members_in_place = Members([data.reshape(-1) for data in members])
+        return Request("allreduce", group, agree), members_in_place, lambda _: list(outputs)
 
     def finish(reduced):
         return _unpack(reduced, members, outputs, starts)
 
-    return request, payload, finish
+    if len(members) == 1 and members[0].dtype == reduce_as and members[0].flags.c_contiguous:
+        # Nothing to pack: the engine reduces the member where it lies.
+        output = outputs[0]
+        payload = (members[0].reshape(-1), None if output is None else output.reshape(-1))
+        return Request("allreduce", group, agree), payload, finish
+    scale = 1.0
+    if _average_while_packing(agree, size):
+        agree[AVERAGED_WHILE_PACKING] = True  # last: a mismatch elsewhere is reported first
+        scale = 1.0 / size
+    packed = pool.empty((packed_size,), reduce_as)
+    end = 0
+    for data, start, count in zip(members, starts, counts):
+        packed[end:start] = 0
+        end = start + count
+        if scale == 1.0:
+            packed[start:end] = data.reshape(-1)
+        else:
+            np.multiply(data.reshape(-1), scale, out=packed[start:end])
+    return Request("allreduce", group, agree), (packed, packed), finish
 
 
-def _average_while_packing(agree, in_shared_memory: bool, size: int) -> bool:
-    """Whether a packed group's Average is applied while packing: on the shared-memory path
-    (whose engine code reads the mark), over a power of two of ranks, for floating members
-    packed without conversion. Agreed values only, so every rank decides alike."""
-    return (in_shared_memory and agree["reduce ops"] == ReduceOp.AVERAGE and size > 1 and size & (size - 1) == 0
+def _average_while_packing(agree, size: int) -> bool:
+    """Whether a packed group's Average is applied while packing: over a power of two of
+    ranks, for floating members packed without conversion. Agreed values only, so every
+    rank decides alike; the engine then sums (batches.fused_allreduce)."""
+    return (agree["reduce ops"] == ReduceOp.AVERAGE and size > 1 and size & (size - 1) == 0
             and np.dtype(agree["dtypes"]).kind == "f"
             and all(name == agree["dtypes"] for name in agree["member dtypes"]))
 
 
 def _packed_layout(counts, itemsize: int):
-    """(where each member starts, elements in all) in a packed buffer whose members each
-    start on an ALIGNMENT-byte boundary: the counts rounded up to whole ALIGNMENT bytes."""
+    """(where each member starts, elements up to the last one's end) in a packed buffer
+    whose members each start on an ALIGNMENT-byte boundary, with zeros between them."""
     step = max(ALIGNMENT // itemsize, 1)
-    starts, total = [], 0
+    starts, next_start = [], 0
     for count in counts:
-        starts.append(total)
-        total += -(-count // step) * step
-    last = starts[-1] + counts[-1] if counts else 0
-    return starts, last
+        starts.append(next_start)
+        next_start += -(-count // step) * step
+    return starts, starts[-1] + counts[-1]
 
 
 def _unpack(reduced: np.ndarray, members, outputs, starts):
