@@ -19,17 +19,14 @@ from typing import Dict, List
 
 import numpy as np
 
+from .reduction import address_of
+
 __all__ = ["OutputPool"]
 
 # References to a buffer nobody else holds: the pool's list, the loop variable looking at
 # it, and getrefcount's own argument.
 _REFS_WHEN_UNUSED = 3
 ALIGNMENT = 64
-
-
-def aligned_offset(buffer: np.ndarray) -> int:
-    """Bytes from the start of `buffer` to its first ALIGNMENT boundary."""
-    return -buffer.__array_interface__["data"][0] % ALIGNMENT
 
 
 class OutputPool:
@@ -62,7 +59,7 @@ class OutputPool:
                 self._retain(nbytes, buffer)
         # Views of this slice refer to `buffer` itself (numpy keeps the owner as their base),
         # so the reference count of `buffer` still tells whether any result is alive.
-        start = aligned_offset(buffer)
+        start = -address_of(buffer) % ALIGNMENT
         return buffer[start:start + nbytes].view(dtype).reshape(shape)
 
     def _reusable(self, nbytes: int):
