@@ -7,7 +7,7 @@ import time
 
 from mpi4py import MPI
 
-__all__ = ["throughput", "interleaved_throughputs", "fit_runner", "init_gloo"]
+__all__ = ["throughput", "interleaved_throughputs", "array_batches", "fit_runner", "init_gloo"]
 
 
 def throughput(run, batch, steps, participants, comm=MPI.COMM_WORLD):
@@ -46,10 +46,10 @@ def interleaved_throughputs(runs, batch, steps, rounds=9, comm=MPI.COMM_WORLD):
     return {label: statistics.median(values) for label, values in samples.items()}
 
 
-def fit_seconds(model, x, y, batch, skipped=5):
-    """(seconds, steps) of one epoch of `model.fit`, from the end of batch `skipped` to the
-    end of the last: the fit's own start and finish (building the dataset iterator, tearing
-    it down: 80-350 ms on a 2-core VM, more than 40 steps) stay out of steady state."""
+def fit_seconds(model, data, skipped=5):
+    """(seconds, steps) of one epoch of `model.fit(**data)`, from the end of batch `skipped`
+    to the end of the last: the fit's own start and finish (building the dataset iterator,
+    tearing it down: 80-350 ms on a 2-core VM, more than 40 steps) stay out of steady state."""
     import keras
 
     ends = []
@@ -58,21 +58,26 @@ def fit_seconds(model, x, y, batch, skipped=5):
         def on_train_batch_end(self, index, logs=None):
             ends.append(time.perf_counter())
 
-    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[StepClock()])
+    model.fit(**data, epochs=1, verbose=0, callbacks=[StepClock()])
     if len(ends) <= skipped:
         raise ValueError(f"fit ran {len(ends)} steps; steady state needs more than {skipped}")
     return ends[-1] - ends[skipped - 1], len(ends) - skipped
 
 
-def fit_runner(model, x, y, batch, skipped=5):
-    """`run(n)` for throughput(): n batches of `model.fit`, timed in steady state when n is
-    more than `skipped` (a plain fit for the harness' warm-up)."""
+def array_batches(x, y, batch):
+    """`data_for` for fit_runner: the first n batches of arrays `x` and `y`, in order."""
+    return lambda n: {"x": x[:n * batch], "y": y[:n * batch], "batch_size": batch, "shuffle": False}
+
+
+def fit_runner(model, data_for, skipped=5):
+    """`run(n)` for throughput(): n batches of `model.fit(**data_for(n))`, timed in steady
+    state when n is more than `skipped` (a plain fit for the harness' warm-up)."""
 
     def run(n):
         if n <= skipped:
-            model.fit(x[:n * batch], y[:n * batch], batch_size=batch, epochs=1, verbose=0)
+            model.fit(**data_for(n), epochs=1, verbose=0)
             return None
-        return fit_seconds(model, x[:n * batch], y[:n * batch], batch, skipped)
+        return fit_seconds(model, data_for(n), skipped)
 
     return run
 

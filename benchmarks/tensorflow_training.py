@@ -3,10 +3,12 @@
     hvdplusrun -np 2 python benchmarks/tensorflow_training.py
     hvdplusrun -np 2 python benchmarks/tensorflow_training.py --only-multiworker
 
-For an MLP of 8 Dense(256) layers, batch 64 per process, synthetic data and one intra-op and
-one inter-op thread per process, measures in one job:
+For each of the models in keras_models (an 8 x 256 MLP, batch 64 per process, and a
+ResNet-style CNN, batch 32), synthetic data and one intra-op and one inter-op thread per
+process, measures in one job:
   (a) model.fit under tf.distribute.MirroredStrategy (one CPU device per process) with
-      hvd.CrossDeviceOps(), timed between batch ends inside the fit (harness.fit_runner);
+      hvd.CrossDeviceOps(), timed between batch ends inside the fit (harness.fit_runner),
+      its batches read on the host (see per_replica_batches);
   (b) a custom tf.function loop with hvd.DistributedGradientTape;
   (c) tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG on two loopback ports that rank 0
       picks and broadcasts before TensorFlow starts), as a custom loop of strategy.run inside
@@ -63,8 +65,8 @@ def set_tf_config(comm):
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=int, default=64, help="rows per step on each process")
-    parser.add_argument("--steps", type=int, default=40, help="steps per timed round")
+    parser.add_argument("--models", default="mlp,cnn", help="comma-separated names from keras_models.MODELS")
+    parser.add_argument("--steps", type=int, help="steps per timed round (default: the model's own)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds in which (a), (b), (d), (e) take turns")
     parser.add_argument("--multiworker-timeout", type=float, default=90.0,
                         help="seconds (c) may take before it is reported as failed")
@@ -76,19 +78,13 @@ ARGS = parse_args()
 set_tf_config(WORLD)  # before TensorFlow starts
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdplus.tensorflow as hvd  # noqa: E402
 from harness import fit_runner, interleaved_throughputs, throughput  # noqa: E402
+from keras_models import MODELS, synthetic_data  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def build_model(width=256, depth=8):
-    layers = [keras.Input((width,))]
-    layers += [keras.layers.Dense(width, activation="relu") for _ in range(depth)]
-    return keras.Sequential(layers + [keras.layers.Dense(10)])
 
 
 def optimizer():
@@ -103,17 +99,37 @@ def custom_loop(step, x, y):
     return run
 
 
-def mirrored_fit(x, y, batch):
+def mirrored_fit(build_model, x, y, batch):
     """(a) model.fit under MirroredStrategy, one CPU device per process, hvdplus across processes."""
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"], cross_device_ops=hvd.CrossDeviceOps())
     with strategy.scope():
         model = build_model()
         model.compile(optimizer=optimizer(), loss=LOSS)
     hvd.broadcast_variables(model.variables, root_rank=0)
-    return fit_runner(model, x, y, batch)
+    return fit_runner(model, per_replica_batches(strategy, x, y, batch))
 
 
-def gradient_tape_loop(x, y, distributed):
+def per_replica_batches(strategy, x, y, batch):
+    """`data_for` (harness.fit_runner) under `strategy`: the first n batches, each replica
+    reading its dataset on the host. With the default input, every fit builds a
+    MultiDeviceIterator, whose background thread crashed this benchmark (SIGSEGV in
+    DatasetBaseIterator::GetNext, 3 of 9 runs) when the process also held (c)'s
+    MultiWorkerMirroredStrategy and ran the other loops between fits; never seen without
+    (c) (over 200 fits) nor in this form."""
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+        experimental_fetch_to_device=False)
+
+    def data_for(n):
+        def dataset(context):
+            return tf.data.Dataset.from_tensor_slices((x[:n * batch], y[:n * batch])).batch(batch)
+
+        return {"x": strategy.distribute_datasets_from_function(dataset, options), "shuffle": False}
+
+    return data_for
+
+
+def gradient_tape_loop(build_model, x, y, distributed):
     """(b) with hvd.DistributedGradientTape, (d) and (e) with a plain tape."""
     model, opt = build_model(), optimizer()
     opt.build(model.trainable_variables)
@@ -139,7 +155,7 @@ def multiworker_strategy():
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
-def multiworker_loop(strategy, x, y, batch):
+def multiworker_loop(strategy, build_model, x, y, batch):
     """(c) strategy.run of a tape step inside tf.function, the loss averaged over the global batch."""
     global_batch = batch * strategy.num_replicas_in_sync
     with strategy.scope():
@@ -186,10 +202,10 @@ def guarded(work, timeout):
     return outcome["value"], None, False
 
 
-def report(results, multiworker_error, batch):
+def report(results, multiworker_error, model):
     n = hvd.size()
     print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, {n} processes x 1 thread, "
-          f"MLP 8 x 256, batch {batch} per process; samples/s of all processes together")
+          f"{model.label}, batch {model.batch} per process; samples/s of all processes together")
     for label, value in results.items():
         print(f"  {label:34s} {value:10.1f}")
     if multiworker_error:
@@ -206,35 +222,40 @@ def report(results, multiworker_error, batch):
     print(flush=True)
 
 
+def measure(strategy, model):
+    """Results of (a)-(e) for one BenchmarkModel, and (c)'s failure if any; whether (c) hung."""
+    batch, steps = model.batch, ARGS.steps or model.steps
+    x, y = synthetic_data(model, batch * steps, seed=hvd.rank())
+    x_batch, y_batch = tf.constant(x[:batch]), tf.constant(y[:batch])
+    results, error, hung = {}, None, False
+    if not ARGS.only_multiworker:
+        alone = gradient_tape_loop(model.build, x_batch, y_batch, False)
+        results = interleaved_throughputs({
+            "(a) MirroredStrategy fit + hvdplus": (mirrored_fit(model.build, x, y, batch), hvd.size()),
+            "(b) DistributedGradientTape": (gradient_tape_loop(model.build, x_batch, y_batch, True), hvd.size()),
+            "(d) independent ranks": (alone, hvd.size()),
+            "(e) one process alone": (lambda n: alone(n) if hvd.rank() == 0 else None, 1),
+        }, batch, steps, rounds=ARGS.rounds)
+    if strategy is not None:
+        value, error, hung = guarded(
+            lambda comm: throughput(multiworker_loop(strategy, model.build, x_batch, y_batch, batch), batch,
+                                    steps, comm.Get_size(), comm),
+            ARGS.multiworker_timeout)
+        if value is not None:
+            results["(c) MultiWorkerMirroredStrategy"] = value
+    return results, error, hung
+
+
 def main():
     # TensorFlow configures collective ops once, before its runtime starts: (c)'s strategy first.
     strategy, error, hung = guarded(lambda comm: multiworker_strategy(), ARGS.multiworker_timeout)
     hvd.init()
-    batch = ARGS.batch_size
-    rng = np.random.default_rng(hvd.rank())
-    rows = batch * ARGS.steps
-    x = rng.normal(size=(rows, 256)).astype("float32")
-    y = rng.integers(0, 10, rows)
-    x_batch, y_batch = tf.constant(x[:batch]), tf.constant(y[:batch])
-
-    results = {}
-    if not ARGS.only_multiworker:
-        alone = gradient_tape_loop(x_batch, y_batch, False)
-        results = interleaved_throughputs({
-            "(a) MirroredStrategy fit + hvdplus": (mirrored_fit(x, y, batch), hvd.size()),
-            "(b) DistributedGradientTape": (gradient_tape_loop(x_batch, y_batch, True), hvd.size()),
-            "(d) independent ranks": (alone, hvd.size()),
-            "(e) one process alone": (lambda n: alone(n) if hvd.rank() == 0 else None, 1),
-        }, batch, ARGS.steps, rounds=ARGS.rounds)
-    if strategy is not None:
-        value, error, hung = guarded(
-            lambda comm: throughput(multiworker_loop(strategy, x_batch, y_batch, batch), batch, ARGS.steps,
-                                    comm.Get_size(), comm),
-            ARGS.multiworker_timeout)
-        if value is not None:
-            results["(c) MultiWorkerMirroredStrategy"] = value
-    if hvd.rank() == 0:
-        report(results, error, batch)
+    for name in ARGS.models.split(","):
+        results, model_error, model_hung = measure(strategy, MODELS[name])
+        if model_hung:
+            strategy, hung = None, True  # a hung TensorFlow collective leaves (c)'s strategy unusable
+        if hvd.rank() == 0:
+            report(results, error or model_error, MODELS[name])
     if WORLD.allreduce(hung, op=MPI.LOR):
         hvd.shutdown()
         MPI.Finalize()
