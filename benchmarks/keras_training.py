@@ -5,8 +5,8 @@
 
 For each of the models in keras_models (an 8 x 256 MLP, batch 64 per rank, and a
 ResNet-style CNN, batch 32), in one job and one thread per rank: model.fit with hvdplus'
-DistributedOptimizer on every rank, the same ranks fitting their own copies with no communication ("independent
-ranks"), and one rank alone, taking turns round after round
+DistributedOptimizer on every rank, the same ranks fitting their own copies with no
+communication ("independent ranks"), and one rank alone, taking turns round after round
 (harness.interleaved_throughputs). Scaling efficiency = hvdplus / independent ranks. Timed
 in steady state, between batch ends inside each fit (see fit_run).
 """

@@ -114,8 +114,8 @@ def per_replica_batches(strategy, x, y, batch):
     reading its dataset on the host. With the default input, every fit builds a
     MultiDeviceIterator, whose background thread crashed this benchmark (SIGSEGV in
     DatasetBaseIterator::GetNext, 3 of 9 runs) when the process also held (c)'s
-    MultiWorkerMirroredStrategy and ran the other loops between fits; never seen without
-    (c) (over 200 fits) nor in this form."""
+    MultiWorkerMirroredStrategy and ran the other loops between fits. It was never seen
+    without (c) (over 200 fits), nor with these host datasets."""
     options = tf.distribute.InputOptions(
         experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
         experimental_fetch_to_device=False)
