@@ -252,10 +252,12 @@ def main():
     hvd.init()
     for name in ARGS.models.split(","):
         results, model_error, model_hung = measure(strategy, MODELS[name])
-        if model_hung:
-            strategy, hung = None, True  # a hung TensorFlow collective leaves (c)'s strategy unusable
         if hvd.rank() == 0:
             report(results, error or model_error, MODELS[name])
+        if model_hung:
+            # A hung TensorFlow collective leaves (c)'s strategy unusable: the models after
+            # this one report that failure instead of measuring (c).
+            strategy, error, hung = None, model_error, True
     if WORLD.allreduce(hung, op=MPI.LOR):
         hvd.shutdown()
         MPI.Finalize()
