@@ -39,13 +39,17 @@ _AVERAGE = ReduceOp.AVERAGE  # a module constant: enum attribute lookups are slo
 SMALL_BYTES = 64 * 1024
 # Allgather only moves data, which MPI's single-copy transport does well until about here.
 SHM_ALLGATHER_BYTES = 32 * 1024 * 1024
-# A fused batch's arrays between these sizes are each all-reduced by MPI_Allreduce in place:
-# measured on 2 ranks, 24 x 256 KiB took 1.2 ms that way, 1.5 ms read directly from the peers
-# (single_copy) and 1.6 ms through the window; 4 x 4 MiB 2.3, 2.8 and 3.9 ms; at 64 MiB MPI
-# is the slowest (32 ms against 20). Smaller arrays are packed into one MPI call while
-# together under SMALL_BYTES (1 float: 117 us an engine all-reduce against 220 through the
-# window; 18 x 4 floats 252 against 580), else fuse through the window (40 x 20 KiB: 0.24 ms
-# against 0.37 ms one MPI call each).
+# Without single-copy reads (a container forbidding them), a fused batch's arrays between
+# these sizes are each all-reduced by MPI_Allreduce in place: measured on 2 ranks, 24 x 256
+# KiB took 1.2 ms that way against 1.6 ms staged through the window; 4 x 4 MiB 2.3 against
+# 3.9 ms; at 64 MiB MPI is the slowest (32 ms against 20). With single-copy reads, the whole
+# batch goes through them: in the same MLP's training step on 2 ranks (50 gradients, 6.3
+# MB, cold in cache as after backward), 1.43-1.47 ms against 1.66-1.97 for MPI per array,
+# and with Average's scale applied to each slice while it is in cache, 1.65 ms against
+# 2.4-2.5 for MPI followed by a pass that scales. Smaller arrays are packed into one MPI call
+# while together under SMALL_BYTES (1 float: 117 us an engine all-reduce against 220 through
+# the window; 18 x 4 floats 252 against 580), else fuse through the window (40 x 20 KiB:
+# 0.24 ms against 0.37 ms one MPI call each).
 MPI_PER_ARRAY_BYTES = (SMALL_BYTES, 16 * 1024 * 1024)
 
 
@@ -175,8 +179,9 @@ class CollectiveAlgorithms:
         `sources` into the same-shaped array of `targets` (which may be the source itself),
         times `scale`, with no fusion buffer: mid-sized arrays one MPI_Allreduce each, small
         ones packed into one MPI call while under SMALL_BYTES together, the rest together
-        through the shared window. The split depends only on agreed sizes."""
-        low, high = MPI_PER_ARRAY_BYTES
+        through the shared window (all of them where it reads the peers' arrays directly).
+        The split depends only on agreed sizes and the node's single-copy probe."""
+        low, high = MPI_PER_ARRAY_BYTES if self.window.single_copy is None else (math.inf, math.inf)
         small, fused_sources, fused_targets = [], [], []
         for source, target in zip(sources, targets):
             if low <= source.nbytes <= high:

@@ -232,6 +232,24 @@ def test_shm_allreduce_of_several_arrays_in_place(window_name, op, rank, size):
 
 
 @pytest.mark.skipif(not SINGLE_NODE, reason="the shared window spans one node")
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Min])
+def test_fused_batch_of_mixed_sizes_on_one_node(op, rank, size):
+    """The engine's in-place batch path: tiny arrays (one packed MPI call), mid-sized ones
+    (MPI per array, or single-copy reads where the node allows them) and an empty one, some
+    into separate targets, scaled like an Average."""
+    algorithms = current().algorithms
+    if algorithms.window is None:
+        pytest.skip("one rank has no window")
+    lengths = [3, 70_000, 0, 1, 300_001, 17]
+    sources = [rank_values("float32", (n,), rank, 120 + i, -2, 2) for i, n in enumerate(lengths)]
+    expected = [expected_reduction("float32", n, 120 + i, op, size, -2, 2) * 0.5 for i, n in enumerate(lengths)]
+    targets = [source if i % 2 else np.full_like(source, np.nan) for i, source in enumerate(sources)]
+    algorithms.allreduce_arrays(sources, op, 0.5, targets)
+    for target, want in zip(targets, expected):
+        np.testing.assert_allclose(target, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not SINGLE_NODE, reason="the shared window spans one node")
 @pytest.mark.parametrize("op", [hvd.Sum, hvd.Max, hvd.Product])
 @pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "into-outputs"])
 def test_single_copy_reads_peers_arrays_directly(op, in_place, rank, size):
