@@ -9,7 +9,7 @@ reduced there, and copied back.
 import numpy as np
 import torch
 
-__all__ = ["SUPPORTED", "as_array", "as_in_place_array", "to_tensor", "check_tensor"]
+__all__ = ["SUPPORTED", "as_array", "as_in_place_array", "copy_back", "to_tensor", "check_tensor"]
 
 SUPPORTED = (
     torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -63,12 +63,13 @@ def as_in_place_array(tensor):
     array = as_array(tensor)
     if tensor.is_cpu:
         return array, lambda: tensor
+    return array, lambda: copy_back(array, tensor)
 
-    def copy_back():
-        tensor.copy_(to_tensor(array, tensor))
-        return tensor
 
-    return array, copy_back
+def copy_back(array: np.ndarray, tensor):
+    """Write a host copy's result back into its (CUDA) `tensor`; returns `tensor`."""
+    tensor.copy_(to_tensor(array, tensor))
+    return tensor
 
 
 def to_tensor(array: np.ndarray, like) -> torch.Tensor:

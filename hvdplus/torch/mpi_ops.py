@@ -12,7 +12,7 @@ from ..comm import collectives
 from ..common import runtime
 from ..common.handles import HandleGroup
 from ..common.reduce_ops import Average, ReduceOp, Sum
-from .buffers import as_array, as_in_place_array, check_tensor, to_tensor
+from .buffers import as_array, as_in_place_array, check_tensor, copy_back, to_tensor
 from .compression import Compression
 
 __all__ = [
@@ -157,11 +157,18 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     failed = _checked("grouped_allreduce", name, tensors, in_place=True)
     if failed:
         return failed
-    in_place = [as_in_place_array(t) for t in tensors]
-    arrays = [array for array, _ in in_place]
+    arrays = [as_array(t) for t in tensors]
+    # Host copies of CUDA tensors go back once reduced; CPU tensors were reduced where they lie.
+    staged = [(array, tensor) for array, tensor in zip(arrays, tensors) if not tensor.is_cpu]
     core = collectives.grouped_allreduce_async(arrays, name, _reduce_op(average, op), prescale_factor,
                                                postscale_factor, outputs=arrays)
-    return TensorHandle(core, lambda _: [finish() for _, finish in in_place])
+
+    def finish(_):
+        for array, tensor in staged:
+            copy_back(array, tensor)
+        return tensors
+
+    return TensorHandle(core, finish)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
