@@ -4,7 +4,8 @@
 
 For a ResNet-style CNN and a deep MLP (24 layers of width 256, batch 64 per rank), with one
 thread per rank, measures in the same job, taking turns (harness.interleaved_throughputs):
-hvdplus' DistributedOptimizer; torch DDP over gloo; every rank training its own copy
+hvdplus' DistributedOptimizer; torch DDP over gloo; a plain loop that all-reduces each
+gradient with mpi4py after backward (the naive peer); every rank training its own copy
 without any communication ("independent ranks", what this machine can give n ranks at
 all); and one rank alone. Prints samples/s, ratios and scaling efficiency = hvdplus
 throughput / independent-ranks throughput.
@@ -64,6 +65,17 @@ def train_steps(model, optimizer, data, target, steps):
         optimizer.step()
 
 
+def mpi4py_steps(model, optimizer, data, target, steps):
+    """The issue's naive peer: each gradient all-reduced by mpi4py after backward, one by one."""
+    for _ in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(data), target).backward()
+        for p in model.parameters():
+            WORLD.Allreduce(MPI.IN_PLACE, p.grad.numpy())
+            p.grad.div_(WORLD.Get_size())
+        optimizer.step()
+
+
 def measure(name, steps):
     build, make_data, batch = MODELS[name]
     torch.manual_seed(hvd.rank())
@@ -74,6 +86,9 @@ def measure(name, steps):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     ddp = torch.nn.parallel.DistributedDataParallel(build())
     ddp_optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    naive = build()
+    naive.load_state_dict(model.state_dict())
+    naive_optimizer = torch.optim.SGD(naive.parameters(), lr=0.01, momentum=0.9)
     alone = build()
     alone_optimizer = torch.optim.SGD(alone.parameters(), lr=0.01, momentum=0.9)
 
@@ -84,6 +99,7 @@ def measure(name, steps):
     runs = {
         "hvdplus": (lambda n: train_steps(model, optimizer, data, target, n), hvd.size()),
         "DDP gloo": (lambda n: train_steps(ddp, ddp_optimizer, data, target, n), hvd.size()),
+        "mpi4py loop": (lambda n: mpi4py_steps(naive, naive_optimizer, data, target, n), hvd.size()),
         "independent ranks": (lambda n: train_steps(alone, alone_optimizer, data, target, n), hvd.size()),
         "one rank alone": (rank_zero_only, 1),
     }
@@ -109,6 +125,8 @@ def main():
             efficiency = results["hvdplus"] / results["independent ranks"]
             print(f"  scaling efficiency (hvdplus / independent ranks): {efficiency:.3f}")
             print(f"  hvdplus / DDP gloo: {results['hvdplus'] / results['DDP gloo']:.2f}x")
+            print(f"  hvdplus / mpi4py loop: {results['hvdplus'] / results['mpi4py loop']:.2f}x   "
+                  f"mpi4py loop efficiency: {results['mpi4py loop'] / results['independent ranks']:.3f}")
             print(f"  hvdplus / ({n} x one rank alone): {results['hvdplus'] / (n * results['one rank alone']):.3f}"
                   f"   independent ranks / ({n} x one rank alone): "
                   f"{results['independent ranks'] / (n * results['one rank alone']):.3f}", flush=True)
