@@ -37,6 +37,13 @@ def test_collectives_with_tiny_fusion_buffer_no_response_cache_and_overlap():
 
 
 @pytest.mark.timeout(300)
+def test_engine_packing_groups_on_two_ranks():
+    # With MPI as the engine's algorithm nothing is reduced where it lies: groups are packed,
+    # and a packed Average over two ranks is applied while packing.
+    run_pytest_on_ranks(2, ["tests/mpi/test_engine.py"], env={"HVDPLUS_ALLREDUCE_ALGO": "mpi"})
+
+
+@pytest.mark.timeout(300)
 def test_engine_and_optimizer_with_overlap_on_two_ranks():
     run_pytest_on_ranks(2, ["tests/mpi/test_engine.py", "tests/mpi/test_torch_optimizer.py"],
                         env={"HVDPLUS_OVERLAP": "on"})

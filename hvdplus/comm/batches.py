@@ -102,8 +102,8 @@ def _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline):
             results.append(None)
         elif isinstance(payload, Members):
             sources.extend(payload.arrays)
-            targets.extend(payload.arrays)
-            results.append(payload.arrays)
+            targets.extend(payload.outputs)
+            results.append(payload.outputs)
         else:
             data, output = payload
             if output is None:

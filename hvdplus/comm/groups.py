@@ -7,15 +7,16 @@ gradients of an MLP (2 MB) took 2.2 ms as 18 engine names and 1.45 ms packed. Ev
 must describe its group alike, member by member, so the request carries each member's
 dtype and shape for the agreement check, and a group stays atomic by construction.
 
-Packing costs a copy in and out of the packed buffer. An in-place group (torch's
-grouped_allreduce_ and DistributedOptimizer) whose members need no conversion is instead
-reduced member by member where the members lie (`Members`) when the engine reduces in
-shared memory (all ranks on one node), split into MPI calls and shared-window passes by
-the agreed sizes alike on every rank. Measured on 2 ranks in one job, taking turns: a
-24-layer MLP's training step (50 gradients, 6.3 MB) took 16.2-19.4 ms that way against
-17.8-21.5 ms packed. A group whose results are new arrays stays packed: its results are
-views of the packed buffer, with no copy out, and packing won there (18 arrays, 1.9 MB:
-1.21 ms packed, 1.54 ms member by member).
+Packing costs a copy into the packed buffer (and out of it, in place). A group whose
+members need no conversion is instead reduced member by member from where the members lie
+(`Members`) when the engine reduces in shared memory (all ranks on one node), split into
+MPI calls and shared-window passes by the agreed sizes alike on every rank: in place
+(torch's grouped_allreduce_ and DistributedOptimizer) into the members themselves, else
+into one new buffer laid out as a packed one, whose views are the results. Measured on 2
+ranks: a 24-layer MLP's training step (50 gradients, 6.3 MB, in place) took 16.2-19.4 ms
+that way against 17.8-21.5 ms packed; packing TensorFlow's 18 gradients of an 8 x 256 MLP
+(2 MB, new results) cost 0.2 ms of a 4.3 ms step, which reading the members directly saves
+(session 8; before single-copy reads took whole batches, packing had won there).
 
 An Average over a power-of-two number of ranks is applied while packing, where members need
 no conversion: multiplying by 1/size on the way in costs what the copy costs, and saves a
@@ -48,21 +49,22 @@ _FLOAT64 = np.dtype(np.float64)
 
 
 class Members:
-    """A group's payload when it is reduced in place member by member: each member's flat
-    array, which is also where its result goes."""
+    """A group's payload when it is reduced member by member: each member's flat array, and
+    the flat array its result goes to."""
 
-    __slots__ = ("arrays",)
+    __slots__ = ("arrays", "outputs")
 
-    def __init__(self, arrays):
+    def __init__(self, arrays, outputs=None):
         self.arrays = arrays
+        # Where each member's result goes: the member itself when reduced in place.
+        self.outputs = arrays if outputs is None else outputs
 
 
 def reduced_member_wise(agree) -> bool:
     """Whether an agreed request that the engine reduces in place in shared memory is a group
     reduced member by member: one rule for every rank, joined ranks included."""
     member_dtypes = agree.get("member dtypes")
-    return (member_dtypes is not None and agree["in place"]
-            and all(name == agree["dtypes"] for name in member_dtypes))
+    return member_dtypes is not None and all(name == agree["dtypes"] for name in member_dtypes)
 
 
 def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_factor, pool,
@@ -105,9 +107,7 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
              "dtypes": reduce_as.name, "shapes": (packed_size,), "reduce ops": op,
              "prescale factors": prescale, "postscale factors": postscale}
     if in_shared_memory and prescale == 1.0 and reduced_member_wise(agree):
-        # In place, so every member is its own checked, C-contiguous output: flat views.
-        members_in_place = Members([data.reshape(-1) for data in members])
-        return Request("allreduce", group, agree), members_in_place, lambda _: list(outputs)
+        return (Request("allreduce", group, agree),) + _member_wise(members, outputs, starts, packed_size, pool)
 
     def finish(reduced):
         return _unpack(reduced, members, outputs, starts)
@@ -131,6 +131,20 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
         else:
             np.multiply(data.reshape(-1), scale, out=packed[start:end])
     return Request("allreduce", group, agree), (packed, packed), finish
+
+
+def _member_wise(members, outputs, starts, packed_size, pool):
+    """(payload, finish) reducing each member from where it lies: into its output (a
+    checked, C-contiguous one, possibly the member itself), else into its place in one new
+    buffer laid out as a packed one (aligned views, as TensorFlow takes them uncopied)."""
+    results = list(outputs)
+    if any(output is None for output in outputs):
+        fresh = pool.empty((packed_size,), members[0].dtype)
+        for index, (data, start) in enumerate(zip(members, starts)):
+            if results[index] is None:
+                results[index] = fresh[start:start + data.size].reshape(data.shape)
+    payload = Members([data.reshape(-1) for data in members], [result.reshape(-1) for result in results])
+    return payload, lambda _: results
 
 
 def _average_while_packing(agree, size: int) -> bool:
