@@ -15,10 +15,12 @@ process, measures in one job:
       tf.function: Keras 3's model.fit fails under it upstream (keras-team/keras#20585);
   (d) every process training its own copy with a plain custom loop ("independent ranks", what
       this machine can give n processes at all);
-  (e) one process alone.
-(a), (b), (d) and (e) take turns, round after round (harness.interleaved_throughputs), so that
+  (e) one process alone;
+  (f) the naive peer: (b)'s loop with the gradients handed to numpy in one tf.numpy_function
+      and each all-reduced there by mpi4py, one by one.
+(a), (b), (d), (e) and (f) take turns, round after round (harness.interleaved_throughputs), so that
 the VM's drift hits them alike. Prints samples/s of all processes together, scaling
-efficiency = (b)/(d) and (a)/(d), and ratios to (c).
+efficiency = (b)/(d), (a)/(d) and (f)/(d), and ratios to (c).
 
 TensorFlow configures its collective ops once per process, before its runtime starts
 ("Collective ops must be configured at program startup" otherwise), so (c)'s strategy is
@@ -78,6 +80,7 @@ ARGS = parse_args()
 set_tf_config(WORLD)  # before TensorFlow starts
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdplus.tensorflow as hvd  # noqa: E402
@@ -129,20 +132,33 @@ def per_replica_batches(strategy, x, y, batch):
     return data_for
 
 
-def gradient_tape_loop(build_model, x, y, distributed):
-    """(b) with hvd.DistributedGradientTape, (d) and (e) with a plain tape."""
+def mpi4py_average(*grads):
+    """(f)'s all-reduce, in numpy: each gradient on its own, as a plain loop would."""
+    results = [np.empty_like(grad) for grad in grads]
+    for grad, result in zip(grads, results):
+        WORLD.Allreduce(grad, result)
+        result /= WORLD.Get_size()
+    return results
+
+
+def gradient_tape_loop(build_model, x, y, reduce=None):
+    """(b) with reduce="hvdplus" (hvd.DistributedGradientTape), (f) with "mpi4py", (d) and
+    (e) with None: a plain tape."""
     model, opt = build_model(), optimizer()
     opt.build(model.trainable_variables)
-    if distributed:
+    if reduce:
         hvd.broadcast_variables(model.variables + opt.variables, root_rank=0)
 
     @tf.function
     def step(images, labels):
         with tf.GradientTape() as tape:
             loss = LOSS(labels, model(images, training=True))
-        if distributed:
+        if reduce == "hvdplus":
             tape = hvd.DistributedGradientTape(tape)
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        grads = tape.gradient(loss, model.trainable_variables)
+        if reduce == "mpi4py":
+            grads = tf.numpy_function(mpi4py_average, grads, [g.dtype for g in grads], stateful=True)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
     return custom_loop(step, x, y)
@@ -212,8 +228,12 @@ def report(results, multiworker_error, model):
         print(f"MultiWorkerMirroredStrategy: failed ({multiworker_error})")
     independent = results.get("(d) independent ranks")
     if independent:
-        for label in ("(b) DistributedGradientTape", "(a) MirroredStrategy fit + hvdplus"):
+        for label in ("(b) DistributedGradientTape", "(a) MirroredStrategy fit + hvdplus", "(f) mpi4py loop"):
             print(f"  scaling efficiency {label} / (d): {results[label] / independent:.3f}")
+    naive = results.get("(f) mpi4py loop")
+    if naive:
+        for label in ("(b) DistributedGradientTape", "(a) MirroredStrategy fit + hvdplus"):
+            print(f"  {label} / (f): {results[label] / naive:.2f}x")
     multiworker = results.get("(c) MultiWorkerMirroredStrategy")
     if multiworker:
         for label, value in results.items():
@@ -229,10 +249,11 @@ def measure(strategy, model):
     x_batch, y_batch = tf.constant(x[:batch]), tf.constant(y[:batch])
     results, error, hung = {}, None, False
     if not ARGS.only_multiworker:
-        alone = gradient_tape_loop(model.build, x_batch, y_batch, False)
+        alone = gradient_tape_loop(model.build, x_batch, y_batch)
         results = interleaved_throughputs({
             "(a) MirroredStrategy fit + hvdplus": (mirrored_fit(model.build, x, y, batch), hvd.size()),
-            "(b) DistributedGradientTape": (gradient_tape_loop(model.build, x_batch, y_batch, True), hvd.size()),
+            "(b) DistributedGradientTape": (gradient_tape_loop(model.build, x_batch, y_batch, "hvdplus"), hvd.size()),
+            "(f) mpi4py loop": (gradient_tape_loop(model.build, x_batch, y_batch, "mpi4py"), hvd.size()),
             "(d) independent ranks": (alone, hvd.size()),
             "(e) one process alone": (lambda n: alone(n) if hvd.rank() == 0 else None, 1),
         }, batch, steps, rounds=ARGS.rounds)
