@@ -61,8 +61,9 @@ class Members:
 
 
 def reduced_member_wise(agree) -> bool:
-    """Whether an agreed request that the engine reduces in place in shared memory is a group
-    reduced member by member: one rule for every rank, joined ranks included."""
+    """Whether an agreed request that the engine reduces in shared memory (from where the
+    tensors lie) is a group reduced member by member: one rule for every rank, joined ranks
+    included."""
     member_dtypes = agree.get("member dtypes")
     return member_dtypes is not None and all(name == agree["dtypes"] for name in member_dtypes)
 
