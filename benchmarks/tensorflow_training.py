@@ -17,10 +17,12 @@ process, measures in one job:
       this machine can give n processes at all);
   (e) one process alone;
   (f) the naive peer: (b)'s loop with the gradients handed to numpy in one tf.numpy_function
-      and each all-reduced there by mpi4py, one by one.
-(a), (b), (d), (e) and (f) take turns, round after round (harness.interleaved_throughputs), so that
+      and each all-reduced there by mpi4py, one by one;
+  (g) every process running its own plain model.fit, no strategy and no communication: (a)'s
+      own baseline, since a fit costs more than a custom loop (callbacks, metrics, its input).
+(a), (b), (d), (e), (f) and (g) take turns, round after round (harness.interleaved_throughputs), so that
 the VM's drift hits them alike. Prints samples/s of all processes together, scaling
-efficiency = (b)/(d), (a)/(d) and (f)/(d), and ratios to (c).
+efficiency = (b)/(d), (f)/(d), and (a)/(g) beside (a)/(d), and ratios to (c).
 
 TensorFlow configures its collective ops once per process, before its runtime starts
 ("Collective ops must be configured at program startup" otherwise), so (c)'s strategy is
@@ -84,7 +86,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdplus.tensorflow as hvd  # noqa: E402
-from harness import fit_runner, interleaved_throughputs, throughput  # noqa: E402
+from harness import array_batches, fit_runner, interleaved_throughputs, throughput  # noqa: E402
 from keras_models import MODELS, synthetic_data  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -110,6 +112,13 @@ def mirrored_fit(build_model, x, y, batch):
         model.compile(optimizer=optimizer(), loss=LOSS)
     hvd.broadcast_variables(model.variables, root_rank=0)
     return fit_runner(model, per_replica_batches(strategy, x, y, batch))
+
+
+def independent_fit(build_model, x, y, batch):
+    """(g) a plain model.fit in every process: no strategy, no communication."""
+    model = build_model()
+    model.compile(optimizer=optimizer(), loss=LOSS)
+    return fit_runner(model, array_batches(x, y, batch))
 
 
 def per_replica_batches(strategy, x, y, batch):
@@ -230,6 +239,9 @@ def report(results, multiworker_error, model):
     if independent:
         for label in ("(b) DistributedGradientTape", "(a) MirroredStrategy fit + hvdplus", "(f) mpi4py loop"):
             print(f"  scaling efficiency {label} / (d): {results[label] / independent:.3f}")
+        fits = results["(g) independent model.fit"]
+        print(f"  scaling efficiency (a) MirroredStrategy fit + hvdplus / (g): "
+              f"{results['(a) MirroredStrategy fit + hvdplus'] / fits:.3f}")
     naive = results.get("(f) mpi4py loop")
     if naive:
         for label in ("(b) DistributedGradientTape", "(a) MirroredStrategy fit + hvdplus"):
@@ -254,6 +266,7 @@ def measure(strategy, model):
             "(a) MirroredStrategy fit + hvdplus": (mirrored_fit(model.build, x, y, batch), hvd.size()),
             "(b) DistributedGradientTape": (gradient_tape_loop(model.build, x_batch, y_batch, "hvdplus"), hvd.size()),
             "(f) mpi4py loop": (gradient_tape_loop(model.build, x_batch, y_batch, "mpi4py"), hvd.size()),
+            "(g) independent model.fit": (independent_fit(model.build, x, y, batch), hvd.size()),
             "(d) independent ranks": (alone, hvd.size()),
             "(e) one process alone": (lambda n: alone(n) if hvd.rank() == 0 else None, 1),
         }, batch, steps, rounds=ARGS.rounds)
