@@ -54,10 +54,9 @@ class Members:
 
     __slots__ = ("arrays", "outputs")
 
-    def __init__(self, arrays, outputs=None):
+    def __init__(self, arrays, outputs):
         self.arrays = arrays
-        # Where each member's result goes: the member itself when reduced in place.
-        self.outputs = arrays if outputs is None else outputs
+        self.outputs = outputs  # the members themselves where reduced in place
 
 
 def reduced_member_wise(agree) -> bool:
@@ -74,8 +73,8 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
 
     `outputs` holds one output array or None per member (the member itself: in place);
     `pool` gives the packed buffer, which the results (views of it) keep alive;
-    `in_shared_memory` says that the engine reduces in place in shared memory, where an
-    in-place group may be reduced where its members lie; `size` is the number of ranks.
+    `in_shared_memory` says that the engine reduces in shared memory, where a group whose
+    members need no conversion is reduced from where they lie; `size` is the number of ranks.
     `finish` turns the engine's result into the list of results. Raises
     TypeError/ValueError naming the member for bad arguments."""
     members, checked = [], {}
