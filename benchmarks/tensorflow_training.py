@@ -20,8 +20,8 @@ process, measures in one job:
       and each all-reduced there by mpi4py, one by one;
   (g) every process running its own plain model.fit, no strategy and no communication: (a)'s
       own baseline, since a fit costs more than a custom loop (callbacks, metrics, its input).
-(a), (b), (d), (e), (f) and (g) take turns, round after round (harness.interleaved_throughputs), so that
-the VM's drift hits them alike. Prints samples/s of all processes together, scaling
+(a), (b), (d), (e), (f) and (g) take turns, round after round (harness.interleaved_throughputs),
+so that the VM's drift hits them alike. Prints samples/s of all processes together, scaling
 efficiency = (b)/(d), (f)/(d), and (a)/(g) beside (a)/(d), and ratios to (c).
 
 TensorFlow configures its collective ops once per process, before its runtime starts
@@ -71,7 +71,7 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mlp,cnn", help="comma-separated names from keras_models.MODELS")
     parser.add_argument("--steps", type=int, help="steps per timed round (default: the model's own)")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds in which (a), (b), (d), (e) take turns")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds in which all but (c) take turns")
     parser.add_argument("--multiworker-timeout", type=float, default=90.0,
                         help="seconds (c) may take before it is reported as failed")
     parser.add_argument("--only-multiworker", action="store_true", help="run (c) alone")
@@ -255,7 +255,7 @@ def report(results, multiworker_error, model):
 
 
 def measure(strategy, model):
-    """Results of (a)-(e) for one BenchmarkModel, and (c)'s failure if any; whether (c) hung."""
+    """Results of (a)-(g) for one BenchmarkModel, and (c)'s failure if any; whether (c) hung."""
     batch, steps = model.batch, ARGS.steps or model.steps
     x, y = synthetic_data(model, batch * steps, seed=hvd.rank())
     x_batch, y_batch = tf.constant(x[:batch]), tf.constant(y[:batch])

@@ -58,22 +58,20 @@ MODELS = {
 }
 
 
-def train_steps(model, optimizer, data, target, steps):
+def train_steps(model, optimizer, data, target, steps, after_backward=None):
     for _ in range(steps):
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(data), target).backward()
+        if after_backward is not None:
+            after_backward(model)
         optimizer.step()
 
 
-def mpi4py_steps(model, optimizer, data, target, steps):
+def mpi4py_average(model):
     """The issue's naive peer: each gradient all-reduced by mpi4py after backward, one by one."""
-    for _ in range(steps):
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(data), target).backward()
-        for p in model.parameters():
-            WORLD.Allreduce(MPI.IN_PLACE, p.grad.numpy())
-            p.grad.div_(WORLD.Get_size())
-        optimizer.step()
+    for p in model.parameters():
+        WORLD.Allreduce(MPI.IN_PLACE, p.grad.numpy())
+        p.grad.div_(WORLD.Get_size())
 
 
 def measure(name, steps):
@@ -99,7 +97,8 @@ def measure(name, steps):
     runs = {
         "hvdplus": (lambda n: train_steps(model, optimizer, data, target, n), hvd.size()),
         "DDP gloo": (lambda n: train_steps(ddp, ddp_optimizer, data, target, n), hvd.size()),
-        "mpi4py loop": (lambda n: mpi4py_steps(naive, naive_optimizer, data, target, n), hvd.size()),
+        "mpi4py loop": (lambda n: train_steps(naive, naive_optimizer, data, target, n, mpi4py_average),
+                        hvd.size()),
         "independent ranks": (lambda n: train_steps(alone, alone_optimizer, data, target, n), hvd.size()),
         "one rank alone": (rank_zero_only, 1),
     }
