@@ -15,7 +15,7 @@ def read_version():
 
 
 # Ranges, never pins: CI and the README install the exact framework builds first
-# (torch==2.13.0 CPU, tensorflow-cpu==2.21.0) and a satisfied range then installs nothing.
+# (torch==2.13.0 CPU, tensorflow-cpu==2.21.0, jax==0.10.2) and a satisfied range then installs nothing.
 # TensorFlow is deliberately not named: `tensorflow-cpu` does not satisfy a requirement
 # called `tensorflow`, so naming it would pull a second, multi-gigabyte TensorFlow.
 EXTRAS = {
@@ -23,6 +23,7 @@ EXTRAS = {
     "torch": ["torch>=2.1", "ml_dtypes>=0.3"],
     "tensorflow": ["tensorflow-cpu>=2.16"],
     "keras": ["keras>=3.0"],
+    "jax": ["jax>=0.4.30"],
     "examples": ["scikit-learn>=1.2", "tqdm>=4.0"],
     "benchmarks": ["matplotlib>=3.5"],
     "dev": [

@@ -2,6 +2,7 @@
 
     KERAS_BACKEND=torch      hvdplusrun -np 2 python benchmarks/keras_training.py
     KERAS_BACKEND=tensorflow hvdplusrun -np 2 python benchmarks/keras_training.py
+    KERAS_BACKEND=jax        hvdplusrun -np 2 python benchmarks/keras_training.py
 
 For each of the models in keras_models (an 8 x 256 MLP, batch 64 per rank, and a
 ResNet-style CNN, batch 32), in one job and one thread per rank: model.fit with hvdplus'
@@ -16,6 +17,8 @@ import os
 
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+# XLA's CPU backend otherwise runs each op on a pool of every core.
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 import keras  # noqa: E402
 from mpi4py import MPI  # noqa: E402

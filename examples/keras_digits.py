@@ -2,6 +2,7 @@
 
     KERAS_BACKEND=torch      hvdplusrun -np 2 python examples/keras_digits.py
     KERAS_BACKEND=tensorflow hvdplusrun -np 2 python examples/keras_digits.py
+    KERAS_BACKEND=jax        hvdplusrun -np 2 python examples/keras_digits.py
 
 Each rank fits its own shard; hvdplus averages the gradients, starts every rank from rank 0's
 weights, warms the learning rate up to its size-scaled value, averages the validation

@@ -12,7 +12,7 @@ pytest.importorskip("sklearn")
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", ["torch", "tensorflow", "jax"])
 def test_keras_digits_trains_on_two_ranks(backend, tmp_path):
     if importlib.util.find_spec("keras") is None or importlib.util.find_spec(backend) is None:
         pytest.skip(f"keras with the {backend} backend is not installed")

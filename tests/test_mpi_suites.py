@@ -64,7 +64,7 @@ def test_algorithms_with_simulated_nodes(nranks, ranks_per_node):
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("nranks", [2, 3])
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", ["torch", "tensorflow", "jax"])
 def test_keras_on_each_backend(backend, nranks):
     if importlib.util.find_spec("keras") is None or importlib.util.find_spec(backend) is None:
         pytest.skip(f"keras with the {backend} backend is not installed")

@@ -1,5 +1,5 @@
-"""`import hvdplus.keras as hvd`: data-parallel Keras 3 `model.fit` on the tensorflow and torch
-backends.
+"""`import hvdplus.keras as hvd`: data-parallel Keras 3 `model.fit` on the tensorflow, torch and
+jax backends.
 
     hvd.init()                                   # also silences Keras output on ranks > 0
     optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvd.size()))

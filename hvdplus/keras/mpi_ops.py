@@ -41,7 +41,8 @@ def allgather_object(obj, name=None):
 
 def allreduce_gradients(grads, variables, op=Average, prescale_factor=1.0, postscale_factor=1.0):
     """All-reduce a training step's gradients as one fused group, on whatever the backend
-    hands the optimizer: TensorFlow tensors inside `tf.function`, torch tensors eagerly.
+    hands the optimizer: TensorFlow tensors inside `tf.function`, torch tensors eagerly,
+    JAX tracers inside `jax.jit`.
     `None` gradients stay None (every rank's model has the same unused variables)."""
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
@@ -57,9 +58,11 @@ def allreduce_gradients(grads, variables, op=Average, prescale_factor=1.0, posts
     elif backend == "torch":
         reduced = _torch_grouped_allreduce(tensors, [variables[i] for i in present], op, prescale_factor,
                                            postscale_factor, group)
+    elif backend == "jax":
+        reduced = _jax_grouped_allreduce(tensors, op, prescale_factor, postscale_factor, group)
     else:
         raise NotImplementedError(
-            f"hvdplus.keras all-reduces gradients on the tensorflow and torch backends, not {backend!r}"
+            f"hvdplus.keras all-reduces gradients on the tensorflow, torch and jax backends, not {backend!r}"
         )
     result = list(grads)
     for index, tensor in zip(present, reduced):
@@ -84,3 +87,29 @@ def _torch_grouped_allreduce(tensors, variables, op, prescale_factor, postscale_
     return hvd_torch.grouped_allreduce([t.detach().contiguous() for t in tensors], op=op,
                                        prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                        name=group)
+
+
+def _jax_grouped_allreduce(tensors, op, prescale_factor, postscale_factor, group):
+    """The JAX trainer applies gradients inside `jax.jit`, where they are tracers: they leave
+    the compiled step through a host callback, packed into one array by the step itself,
+    since every array crossing a callback costs a conversion each way (an 8 x 256 MLP's
+    model.fit on 2 ranks ran at 0.31 of independent ranks with its 18 gradients passed one
+    by one, 0.46 packed). `io_callback`, because JAX may drop or repeat a `pure_callback`,
+    and a collective must run exactly once per step on every rank; `ordered` keeps it in
+    program order with any other callback."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import io_callback
+
+    packed_dtype = jnp.result_type(*tensors)
+    packed = jnp.concatenate([jnp.ravel(t).astype(packed_dtype) for t in tensors])
+
+    def reduce_on_host(array):
+        return collectives.allreduce(np.asarray(array), op, prescale_factor, postscale_factor, name=group)
+
+    reduced = io_callback(reduce_on_host, jax.ShapeDtypeStruct(packed.shape, packed_dtype), packed, ordered=True)
+    results, start = [], 0
+    for tensor in tensors:
+        results.append(reduced[start:start + tensor.size].reshape(tensor.shape).astype(tensor.dtype))
+        start += tensor.size
+    return results
