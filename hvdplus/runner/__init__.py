@@ -2,7 +2,7 @@
 
 Nothing here imports mpi4py.MPI at import time: the launcher is not an MPI process.
 `launch` holds the command-line interface; the other modules each do one step
-(`hosts`, `mpi_discovery`, `command`, `tuning`, `supervise`, `check_build`).
+(`hosts`, `mpi_discovery`, `command`, `tuning`, `supervise`, `rank_output`, `check_build`).
 """
 
 from .launch import main

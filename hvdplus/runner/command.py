@@ -11,6 +11,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 from .hosts import Host, format_host_list, hydra_hostfile_text, total_slots
 from .mpi_discovery import MpiImplementation
+from .rank_output import MARKER_PATTERN
 
 __all__ = [
     "Job",
@@ -82,6 +83,15 @@ class Dialect(abc.ABC):
     def prepare_hostfile(self, path: str, hosts: Sequence[Host], workdir: str) -> str:
         """A hostfile this launcher reads, equivalent to the user's `path`."""
         return path
+
+    def prepare_output_dir(self, output_dir: str, num_proc: int) -> None:
+        """Make `output_dir` ready for a job of `num_proc` ranks to write its files into."""
+        os.makedirs(output_dir, exist_ok=True)
+
+    def tags_lines_itself(self, output_dir: Optional[str]) -> bool:
+        """Whether hvdplusrun, not the launcher, must tag the console output's lines
+        (see rank_output); the launcher then marks each piece of output with its rank."""
+        return False
 
     @abc.abstractmethod
     def process_count(self, num_proc: int) -> List[str]:
@@ -162,13 +172,30 @@ class OpenMpi(Dialect):
 
 
 class Mpich(Dialect):
-    """MPICH's hydra `mpiexec` (also MVAPICH's)."""
+    """MPICH's hydra `mpiexec` (also MVAPICH's).
+
+    Hydra needs no flag to run as root or with more ranks than cores. It ends a job early
+    only when a rank dies without calling MPI_Finalize (or calls MPI_Abort): a rank that
+    exits with an error after finalizing leaves the others waiting (hvdplus' own ranks
+    see it through the engine and abort; see the README).
+    """
 
     def prepare_hostfile(self, path, hosts, workdir):
         converted = os.path.join(workdir, "hostfile")
         with open(converted, "w") as handle:
             handle.write(hydra_hostfile_text(hosts))
         return converted
+
+    def prepare_output_dir(self, output_dir, num_proc):
+        # Hydra opens the rank files without truncating them: a shorter run would leave
+        # the end of an earlier one's output in place.
+        super().prepare_output_dir(output_dir, num_proc)
+        for rank in range(num_proc):
+            for stream in ("stdout", "stderr"):
+                open(os.path.join(output_dir, f"rank.{rank}.{stream}"), "w").close()
+
+    def tags_lines_itself(self, output_dir):
+        return output_dir is None
 
     def process_count(self, num_proc):
         return ["-n", str(num_proc)]
@@ -178,9 +205,10 @@ class Mpich(Dialect):
 
     def output(self, output_dir):
         if output_dir is None:
-            return ["-prepend-rank"]
+            # `-prepend-rank` tags pieces, not lines (rank_output); hvdplusrun tags lines.
+            return ["-prepend-pattern", MARKER_PATTERN]
+        # One file per rank needs no tags.
         return [
-            "-prepend-rank",
             "-outfile-pattern", os.path.join(output_dir, "rank.%r.stdout"),
             "-errfile-pattern", os.path.join(output_dir, "rank.%r.stderr"),
         ]
@@ -198,8 +226,17 @@ class Mpich(Dialect):
 class IntelMpi(Mpich):
     """Intel MPI's hydra, which pins through I_MPI_PIN rather than `-bind-to`."""
 
+    def tags_lines_itself(self, output_dir):
+        return False
+
     def no_binding(self):
         return ["-genv", "I_MPI_PIN", "0"]
+
+    def output(self, output_dir):
+        # Never tried here, so hydra's own tags as before (they tag pieces, as MPICH's do).
+        if output_dir is None:
+            return ["-prepend-rank"]
+        return ["-prepend-rank"] + super().output(output_dir)
 
 
 DIALECTS: Dict[str, Type[Dialect]] = {"openmpi": OpenMpi, "mpich": Mpich, "intelmpi": IntelMpi}

@@ -93,7 +93,7 @@ def launch(args: argparse.Namespace) -> int:
     env.setdefault("OMPI_MCA_osc", "^ucx")
     output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
     if output_dir:
-        os.makedirs(output_dir, exist_ok=True)
+        dialect.prepare_output_dir(output_dir, num_proc)
     with tempfile.TemporaryDirectory(prefix="hvdplusrun-") as workdir:
         hostfile = args.hostfile and dialect.prepare_hostfile(args.hostfile, hosts, workdir)
         job = Job(
@@ -110,7 +110,7 @@ def launch(args: argparse.Namespace) -> int:
         argv = dialect.command(mpirun, job)
         if args.verbose:
             print(shlex.join(argv), flush=True)
-        return run_supervised(argv, env)
+        return run_supervised(argv, env, tag_lines=dialect.tags_lines_itself(output_dir))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

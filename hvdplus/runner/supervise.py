@@ -5,18 +5,26 @@ launcher, which passes SIGINT and SIGTERM on to mpirun for an orderly teardown. 
 has not ended `kill_after` seconds later, every process of its session (mpirun and the
 ranks, each in a process group of its own) is killed; the session is swept again once
 mpirun has ended, so no rank outlives a job it was asked to end.
+
+With `tag_lines`, mpirun's output goes through `rank_output`, which turns the pieces MPICH's
+hydra marks with their rank into whole tagged lines.
 """
 
 import os
 import signal
 import subprocess
+import sys
 import time
 from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from .rank_output import start_relay
 
 __all__ = ["FORWARDED_SIGNALS", "run_supervised", "exit_status", "kill_session"]
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 POLL_SECONDS = 0.2
+# How long the relays may take, once mpirun has ended, to write the rest of its output.
+RELAY_DRAIN_SECONDS = 5.0
 
 
 def exit_status(returncode: int, signum: Optional[int] = None) -> int:
@@ -53,7 +61,8 @@ def kill_session(session_id: int) -> None:
 
 
 def run_supervised(
-    argv: Sequence[str], env: Optional[Mapping[str, str]] = None, kill_after: float = 10.0
+    argv: Sequence[str], env: Optional[Mapping[str, str]] = None, kill_after: float = 10.0,
+    tag_lines: bool = False,
 ) -> int:
     """Run `argv` to completion, forwarding SIGINT/SIGTERM; return the launcher's exit status.
 
@@ -61,8 +70,15 @@ def run_supervised(
         argv: the mpirun command line.
         env: its environment (None: the launcher's).
         kill_after: seconds between the first forwarded signal and killing the session.
+        tag_lines: mpirun marks each piece of output with its rank (`rank_output`);
+            write whole lines tagged with it instead.
     """
-    child = subprocess.Popen(argv, env=env, start_new_session=True)
+    pipe = subprocess.PIPE if tag_lines else None
+    child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe, stderr=pipe)
+    relays = []
+    if tag_lines:
+        relays = [start_relay(child.stdout, sys.stdout.buffer),
+                  start_relay(child.stderr, sys.stderr.buffer)]
     received: List[Tuple[int, float]] = []  # (signal, when), first one first
 
     def forward(signum, _frame):
@@ -83,4 +99,6 @@ def run_supervised(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        for relay in relays:
+            relay.join(RELAY_DRAIN_SECONDS)
     return exit_status(returncode, received[0][0] if received else None)
