@@ -159,6 +159,18 @@ def test_models_that_differ_across_ranks_get_a_clear_error(rank):
         model.fit(x, y, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 
 
+@pytest.mark.skipif(hvd.size() < 2, reason="needs two ranks")
+def test_differing_models_fail_in_the_training_step_on_every_rank_without_the_broadcast(rank):
+    # Without the broadcast callback the gradients' all-reduce is the first collective: inside
+    # tf.function, or jax.jit's host callback, the error still reaches every rank (JAX wraps it
+    # in its own runtime error, whose message carries hvdplus').
+    model = make_model(hidden=8 + rank)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    x, y = global_data(1, batches=1)
+    with pytest.raises(Exception, match=r"Mismatched (member )?shapes"):
+        model.fit(x, y, epochs=1, verbose=0)
+
+
 def test_collectives_on_backend_tensors(rank, size):
     value = keras.ops.convert_to_tensor(np.full((2, 2), float(rank), dtype="float32"))
     summed = keras.ops.convert_to_numpy(hvd.allreduce(value, op=hvd.Sum))
