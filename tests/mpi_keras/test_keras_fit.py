@@ -171,6 +171,16 @@ def test_differing_models_fail_in_the_training_step_on_every_rank_without_the_br
         model.fit(x, y, epochs=1, verbose=0)
 
 
+@pytest.mark.skipif(hvd.size() < 2, reason="needs two ranks")
+def test_gradients_of_other_shapes_but_as_many_elements_are_not_summed(rank):
+    # The jax backend packs a step's gradients into one array; their shapes are compared all the same.
+    shape = (4, 6) if rank == 0 else (6, 4)
+    variable = keras.Variable(np.zeros(shape, dtype="float32"))
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0))
+    with pytest.raises(Exception, match=r"Mismatched member shapes.*\(4, 6\).*\(6, 4\)"):
+        optimizer.apply_gradients([(keras.ops.ones(shape), variable)])
+
+
 def test_collectives_on_backend_tensors(rank, size):
     value = keras.ops.convert_to_tensor(np.full((2, 2), float(rank), dtype="float32"))
     summed = keras.ops.convert_to_numpy(hvd.allreduce(value, op=hvd.Sum))
