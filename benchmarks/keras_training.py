@@ -18,7 +18,7 @@ import os
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 # XLA's CPU backend otherwise runs each op on a pool of every core.
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 
 import keras  # noqa: E402
 from mpi4py import MPI  # noqa: E402

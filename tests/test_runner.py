@@ -164,7 +164,6 @@ def test_mpich_command_with_converted_hostfile(tmp_path):
         "-outfile-pattern", "/out/rank.%r.stdout", "-errfile-pattern", "/out/rank.%r.stderr",
         "-f", converted, "-genvlist", "A,B", "python", "t.py",
     ]
-    assert not Mpich((4, 1)).tags_lines_itself("/out")
 
 
 def test_mpich_marks_pieces_for_the_launcher_to_tag_lines():
@@ -172,7 +171,6 @@ def test_mpich_marks_pieces_for_the_launcher_to_tag_lines():
     assert Mpich((5, 0)).command("mpiexec", job) == [
         "mpiexec", "-n", "2", "-bind-to", "none", "-prepend-pattern", MARKER_PATTERN, "t",
     ]
-    assert Mpich((5, 0)).tags_lines_itself(None)
 
 
 def test_mpich_output_files_start_empty(tmp_path):
@@ -190,7 +188,6 @@ def test_intel_mpi_command():
     assert IntelMpi((2021, 10)).command("mpirun", job) == [
         "mpirun", "-n", "2", "-genv", "I_MPI_PIN", "0", "-prepend-rank", "-hosts", "a:1,b:1", "t",
     ]
-    assert not IntelMpi((2021, 10)).tags_lines_itself(None)
 
 
 # --- rank-tagged lines from hydra's marked pieces ----------------------------------------------
@@ -225,6 +222,17 @@ def test_tagging_does_not_depend_on_where_reads_split_the_stream():
     assert tag_lines([stream]) == expected
     assert tag_lines([stream[i:i + 1] for i in range(len(stream))]) == expected
     assert tag_lines([stream[:5], stream[5:43], stream[43:]]) == expected
+
+
+def test_carriage_returns_end_lines_and_stray_separators_are_data():
+    progress = marked(0, b"10%\r20%\r") + marked(1, b"q\n") + marked(0, b"30%\n") + b"hydra says\n"
+    strays = marked(0, b"bin\x1f") + marked(1, b"x\x1f[1] y\n") + marked(0, b" more\n")
+    for stream, expected in [
+        (progress, "[0] 10%\r[0] 20%\r[1] q\n[0] 30%\nhydra says\n"),
+        (strays, "[1] x\x1f[1] y\n[0] bin\x1f more\n"),
+    ]:
+        assert tag_lines([stream]) == expected
+        assert tag_lines([stream[i:i + 1] for i in range(len(stream))]) == expected
 
 
 def test_unfinished_lines_are_ended_when_the_stream_ends():

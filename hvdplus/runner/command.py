@@ -7,6 +7,7 @@ placement, output, environment); `Dialect.command` puts the parts in one order f
 import abc
 import dataclasses
 import os
+import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 from .hosts import Host, format_host_list, hydra_hostfile_text, total_slots
@@ -87,11 +88,6 @@ class Dialect(abc.ABC):
     def prepare_output_dir(self, output_dir: str, num_proc: int) -> None:
         """Make `output_dir` ready for a job of `num_proc` ranks to write its files into."""
         os.makedirs(output_dir, exist_ok=True)
-
-    def tags_lines_itself(self, output_dir: Optional[str]) -> bool:
-        """Whether hvdplusrun, not the launcher, must tag the console output's lines
-        (see rank_output); the launcher then marks each piece of output with its rank."""
-        return False
 
     @abc.abstractmethod
     def process_count(self, num_proc: int) -> List[str]:
@@ -189,13 +185,14 @@ class Mpich(Dialect):
     def prepare_output_dir(self, output_dir, num_proc):
         # Hydra opens the rank files without truncating them: a shorter run would leave
         # the end of an earlier one's output in place.
+        # An earlier job's files go too, a larger job's included.
         super().prepare_output_dir(output_dir, num_proc)
+        for name in os.listdir(output_dir):
+            if re.fullmatch(r"rank\.\d+\.std(out|err)", name):
+                os.remove(os.path.join(output_dir, name))
         for rank in range(num_proc):
             for stream in ("stdout", "stderr"):
                 open(os.path.join(output_dir, f"rank.{rank}.{stream}"), "w").close()
-
-    def tags_lines_itself(self, output_dir):
-        return output_dir is None
 
     def process_count(self, num_proc):
         return ["-n", str(num_proc)]
@@ -225,9 +222,6 @@ class Mpich(Dialect):
 
 class IntelMpi(Mpich):
     """Intel MPI's hydra, which pins through I_MPI_PIN rather than `-bind-to`."""
-
-    def tags_lines_itself(self, output_dir):
-        return False
 
     def no_binding(self):
         return ["-genv", "I_MPI_PIN", "0"]

@@ -22,6 +22,7 @@ from .command import Job, dialect_for, forwarded_env_names, local_core_count, ne
 from .errors import LaunchError
 from .hosts import Host, parse_host_list, read_hostfile, total_slots
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
+from .rank_output import MARKER_PATTERN
 from .supervise import run_supervised
 from .tuning import add_tuning_arguments, tuning_environment
 
@@ -110,7 +111,8 @@ def launch(args: argparse.Namespace) -> int:
         argv = dialect.command(mpirun, job)
         if args.verbose:
             print(shlex.join(argv), flush=True)
-        return run_supervised(argv, env, tag_lines=dialect.tags_lines_itself(output_dir))
+        # A launcher that marks its output's pieces leaves the lines to hvdplusrun (rank_output).
+        return run_supervised(argv, env, tag_lines=MARKER_PATTERN in argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -9,9 +9,11 @@ mpiexec's stdout and stderr, collects each rank's pieces until its line ends, an
 whole lines tagged `[rank] `.
 
 Hydra ends a piece at a newline or where its read from the rank ended; text between pieces
-without a marker is hydra's own (its abort banner), passed on as it is. The marker is
-wrapped in ASCII separator characters that program output hardly ever contains, which
-terminals do not show: run by hand, the marked command still prints readable `[0] ` tags.
+without a marker is hydra's own (its abort banner), passed on as it is. A line also ends at
+a carriage return, so that progress bars redraw as they go. The marker is wrapped in the
+ASCII unit separator, which program output hardly ever contains, terminals do not show (run
+by hand, the marked command still prints readable `[0] ` tags), and `str.splitlines` does
+not split at; one in a rank's output that does not open a whole marker is kept as data.
 """
 
 import os
@@ -22,11 +24,38 @@ from typing import BinaryIO, Callable, Dict, List, Optional
 __all__ = ["MARKER_PATTERN", "RankLineTagger", "start_relay"]
 
 # Hydra replaces %r with the rank.
-MARKER_PATTERN = "\x1e[%r] \x1f"
-_MARKER = re.compile(rb"\x1e\[(\d+)\] \x1f")
-_MARKER_START, _MARKER_END = b"\x1e", b"\x1f"
+MARKER_PATTERN = "\x1f[%r] \x1f"
+_SEPARATOR = b"\x1f"
+_MARKER = re.compile(rb"\x1f\[(\d{1,9})\] \x1f")
+# What the end of a read may cut a marker down to.
+_MARKER_BEGINNING = re.compile(rb"\x1f(?:\[(?:\d{1,9}(?:\](?: )?)?)?)?")
+_LINE_ENDS = re.compile(rb"\r\n|\n|\r")
 # Each piece parsed copies what is left of the read, so reads stay small.
 _READ_BYTES = 16 * 1024
+_MORE_INPUT = object()
+
+
+def _marker_at(data: bytes, at: int):
+    """The rank of the whole marker at `at` and where it ends; _MORE_INPUT where `data` ends
+    inside what may still become one; None where no marker starts there."""
+    match = _MARKER.match(data, at)
+    if match:
+        return int(match.group(1)), match.end()
+    if _MARKER_BEGINNING.fullmatch(data, at):
+        return _MORE_INPUT
+    return None
+
+
+def _next_marker(data: bytes, start: int = 0):
+    """(where the first marker at or after `start` begins, what _marker_at says of it), or
+    (len(data), None) when there is none."""
+    at = data.find(_SEPARATOR, start)
+    while at >= 0:
+        found = _marker_at(data, at)
+        if found is not None:
+            return at, found
+        at = data.find(_SEPARATOR, at + 1)
+    return len(data), None
 
 
 class RankLineTagger:
@@ -60,77 +89,83 @@ class RankLineTagger:
         self._partial.clear()
 
     def _step(self) -> bool:
-        """Consume one piece, marker or run of hydra's text; False when more input is needed."""
+        """Consume one line, piece, marker or run of hydra's text; False when more input is needed."""
         if self._rank is None:
             return self._between_pieces()
-        newline = self._pending.find(b"\n")
-        marker = self._pending.find(_MARKER_START)
         rank = self._rank
-        if newline >= 0 and (marker < 0 or newline < marker):
-            line = self._partial.pop(rank, b"") + self._pending[:newline + 1]
+        marker, found = _next_marker(self._pending)
+        line_end = _LINE_ENDS.search(self._pending, 0, marker)
+        if line_end and line_end.end() < len(self._pending) or line_end and line_end.group() == b"\n":
+            line = self._partial.pop(rank, b"") + self._pending[:line_end.end()]
             self._write(b"[%d] %s" % (rank, line))
-            self._pending, self._rank = self._pending[newline + 1:], None
+            self._pending = self._pending[line_end.end():]
+            if line_end.group().endswith(b"\n"):
+                self._rank = None  # hydra ends its pieces at newlines, not at carriage returns
             return True
-        if marker >= 0:
-            # The piece ended with hydra's read, mid-line: the line goes on in a later piece.
-            self._partial[rank] = self._partial.get(rank, b"") + self._pending[:marker]
-            self._pending, self._rank = self._pending[marker:], None
+        # The piece goes on to `marker` (a new piece, or the end of what was read), except a
+        # carriage return last in the read, which a newline may still follow.
+        kept = line_end.start() if line_end else marker
+        self._partial[rank] = self._partial.get(rank, b"") + self._pending[:kept]
+        self._pending = self._pending[kept:]
+        if line_end is None and isinstance(found, tuple):
+            self._rank = None  # the piece ended with hydra's read, mid-line
             return True
-        self._partial[rank] = self._partial.get(rank, b"") + self._pending
-        self._pending = b""
         return False
 
     def _between_pieces(self) -> bool:
-        start = self._pending.find(_MARKER_START)
-        if start < 0:
+        start, found = _next_marker(self._pending)
+        if found is None or found is _MORE_INPUT:
             # Hydra's own lines: pass on whole ones, keep a line it has not finished.
-            finished = self._pending.rfind(b"\n") + 1
+            finished = self._pending.rfind(b"\n", 0, start) + 1
             if finished:
                 self._write(self._pending[:finished])
             self._pending = self._pending[finished:]
             return False
         if start:
             self._write(self._pending[:start])
-            self._pending = self._pending[start:]
-        end = self._pending.find(_MARKER_END)
-        if end < 0:
-            return False  # the rest of the marker is still to come
-        match = _MARKER.fullmatch(self._pending, 0, end + 1)
-        if match is None:
-            self._write(self._pending[:end + 1])
-        else:
-            self._rank = int(match.group(1))
-        self._pending = self._pending[end + 1:]
+        self._rank, end = found
+        self._pending = self._pending[end:]
         return True
 
 
 def start_relay(source: BinaryIO, target: BinaryIO) -> threading.Thread:
-    """Copy the marked stream `source` to `target` as tagged lines until it ends, in a thread."""
+    """Copy the marked stream `source` to `target` as tagged lines until it ends, in a thread.
+
+    Whatever goes wrong on the way out (the reader of `target` gone, as in `hvdplusrun ... |
+    head`), `source` is read to its end all the same: a full pipe would stop mpiexec, and with
+    it the job. The thread's `at_end` event is set once `source` has ended."""
+    at_end = threading.Event()
 
     def relay() -> None:
         finished: List[bytes] = []
         tagger = RankLineTagger(finished.append)
         fd = source.fileno()
         target_open = True
-        while True:
-            data = os.read(fd, _READ_BYTES)
-            if data:
-                tagger.feed(data)
-            else:
-                tagger.close()
-            # Once the reader of `target` has gone (`hvdplusrun ... | head`), keep draining
-            # `source` all the same: a full pipe would stop mpiexec, and with it the job.
-            if finished and target_open:
+        try:
+            while True:
+                data = os.read(fd, _READ_BYTES)
+                if not target_open:
+                    if not data:
+                        break
+                    continue
                 try:
-                    target.write(b"".join(finished))
-                    target.flush()
-                except OSError:
+                    if data:
+                        tagger.feed(data)
+                    else:
+                        tagger.close()
+                    if finished:
+                        target.write(b"".join(finished))
+                        target.flush()
+                except Exception:  # noqa: BLE001 - never stop draining (see above)
                     target_open = False
-            finished.clear()
-            if not data:
-                break
-        source.close()
+                finished.clear()
+                if not data:
+                    break
+        finally:
+            at_end.set()
+            source.close()
 
     thread = threading.Thread(target=relay, name="hvdplusrun-output", daemon=True)
+    thread.at_end = at_end
     thread.start()
     return thread

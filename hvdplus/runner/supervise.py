@@ -23,7 +23,7 @@ __all__ = ["FORWARDED_SIGNALS", "run_supervised", "exit_status", "kill_session"]
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 POLL_SECONDS = 0.2
-# How long the relays may take, once mpirun has ended, to write the rest of its output.
+# How long the relays may wait, once mpirun has ended, for the end of its output.
 RELAY_DRAIN_SECONDS = 5.0
 
 
@@ -100,5 +100,8 @@ def run_supervised(
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         for relay in relays:
-            relay.join(RELAY_DRAIN_SECONDS)
+            # Ranks that outlive mpirun may hold its pipes open: wait for the end of its
+            # output a while, then for the rest of it to be written, however long that takes.
+            if relay.at_end.wait(RELAY_DRAIN_SECONDS):
+                relay.join()
     return exit_status(returncode, received[0][0] if received else None)
