@@ -230,6 +230,7 @@ def test_carriage_returns_end_lines_and_stray_separators_are_data():
     for stream, expected in [
         (progress, "[0] 10%\r[0] 20%\r[1] q\n[0] 30%\nhydra says\n"),
         (strays, "[1] x\x1f[1] y\n[0] bin\x1f more\n"),
+        (marked(0, b"crlf\r\n"), "[0] crlf\r\n"),
     ]:
         assert tag_lines([stream]) == expected
         assert tag_lines([stream[i:i + 1] for i in range(len(stream))]) == expected

@@ -183,9 +183,8 @@ class Mpich(Dialect):
         return converted
 
     def prepare_output_dir(self, output_dir, num_proc):
-        # Hydra opens the rank files without truncating them: a shorter run would leave
-        # the end of an earlier one's output in place.
-        # An earlier job's files go too, a larger job's included.
+        # Hydra opens the rank files without truncating them: a shorter run would leave the
+        # end of an earlier one's output in place, and a larger earlier job's extra files.
         super().prepare_output_dir(output_dir, num_proc)
         for name in os.listdir(output_dir):
             if re.fullmatch(r"rank\.\d+\.std(out|err)", name):

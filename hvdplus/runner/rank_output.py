@@ -46,10 +46,10 @@ def _marker_at(data: bytes, at: int):
     return None
 
 
-def _next_marker(data: bytes, start: int = 0):
-    """(where the first marker at or after `start` begins, what _marker_at says of it), or
+def _next_marker(data: bytes):
+    """(where the first marker in `data` begins, what _marker_at says of it), or
     (len(data), None) when there is none."""
-    at = data.find(_SEPARATOR, start)
+    at = data.find(_SEPARATOR)
     while at >= 0:
         found = _marker_at(data, at)
         if found is not None:
@@ -95,19 +95,23 @@ class RankLineTagger:
         rank = self._rank
         marker, found = _next_marker(self._pending)
         line_end = _LINE_ENDS.search(self._pending, 0, marker)
-        if line_end and line_end.end() < len(self._pending) or line_end and line_end.group() == b"\n":
+        # A carriage return last in the read may still be followed by its newline.
+        if line_end and line_end.group() == b"\r" and line_end.end() == len(self._pending):
+            kept = line_end.start()
+            line_end = None
+        else:
+            kept = marker
+        if line_end:
             line = self._partial.pop(rank, b"") + self._pending[:line_end.end()]
             self._write(b"[%d] %s" % (rank, line))
             self._pending = self._pending[line_end.end():]
             if line_end.group().endswith(b"\n"):
                 self._rank = None  # hydra ends its pieces at newlines, not at carriage returns
             return True
-        # The piece goes on to `marker` (a new piece, or the end of what was read), except a
-        # carriage return last in the read, which a newline may still follow.
-        kept = line_end.start() if line_end else marker
+        # The piece goes on to `marker`: a new piece, or the end of what was read.
         self._partial[rank] = self._partial.get(rank, b"") + self._pending[:kept]
         self._pending = self._pending[kept:]
-        if line_end is None and isinstance(found, tuple):
+        if kept == marker and isinstance(found, tuple):
             self._rank = None  # the piece ended with hydra's read, mid-line
             return True
         return False
@@ -144,21 +148,18 @@ def start_relay(source: BinaryIO, target: BinaryIO) -> threading.Thread:
         try:
             while True:
                 data = os.read(fd, _READ_BYTES)
-                if not target_open:
-                    if not data:
-                        break
-                    continue
-                try:
-                    if data:
-                        tagger.feed(data)
-                    else:
-                        tagger.close()
-                    if finished:
-                        target.write(b"".join(finished))
-                        target.flush()
-                except Exception:  # noqa: BLE001 - never stop draining (see above)
-                    target_open = False
-                finished.clear()
+                if target_open:
+                    try:
+                        if data:
+                            tagger.feed(data)
+                        else:
+                            tagger.close()
+                        if finished:
+                            target.write(b"".join(finished))
+                            target.flush()
+                    except Exception:  # noqa: BLE001 - never stop draining (see above)
+                        target_open = False
+                    finished.clear()
                 if not data:
                     break
         finally:
