@@ -36,6 +36,7 @@ from hvdplus.runner.mpi_discovery import (
 from hvdplus.runner.rank_output import MARKER_PATTERN, RankLineTagger, start_relay
 from hvdplus.runner.supervise import exit_status, run_supervised
 from hvdplus.runner.tuning import tuning_environment
+from mpi_jobs import launch, run_ending_on_timeout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = [sys.executable, "-m", "hvdplus.runner"]
@@ -45,17 +46,10 @@ JOB_TIMEOUT = 60
 def run_launcher(args, env=None, timeout=JOB_TIMEOUT):
     """Run hvdplusrun to completion; on timeout, stop it as a user would, then fail."""
     full_env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))
-    process = subprocess.Popen(
-        LAUNCHER + list(args), cwd=REPO, env=full_env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=30)
-        pytest.fail(f"hvdplusrun {args} ran past {timeout}s\n{stdout}\n{stderr}")
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        return run_ending_on_timeout(LAUNCHER + list(args), full_env, timeout)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"hvdplusrun {args} ran past {timeout}s\n{expired.output}\n{expired.stderr}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -551,12 +545,36 @@ def test_sigterm_to_launcher_ends_every_rank(tmp_path):
         assert len(pids) == 2, "ranks did not start"
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
-        deadline = time.monotonic() + 15
-        while any(map(is_running, pids)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(map(is_running, pids))
+        assert_all_end(pids)
     finally:
         if launcher.poll() is None:
             launcher.kill()
         for pid in filter(is_running, pids):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(90)
+def test_a_test_job_past_its_timeout_leaves_no_rank_running(tmp_path):
+    """tests/mpi_jobs ends a job that hangs, ranks included, so later tests get the cores."""
+    program = rank_snippet(
+        f"open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w').close()\n"
+        "print('started', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    with pytest.raises(subprocess.TimeoutExpired) as expired:
+        launch(2, [sys.executable, "-c", program], timeout=15)
+    pids = [int(name) for name in os.listdir(tmp_path)]
+    try:
+        assert len(pids) == 2, f"ranks did not start in time: {expired.value.stderr}"
+        assert expired.value.output.count("started") == 2
+        assert_all_end(pids)
+    finally:
+        for pid in filter(is_running, pids):
+            os.kill(pid, signal.SIGKILL)
+
+
+def assert_all_end(pids, seconds=15):
+    deadline = time.monotonic() + seconds
+    while any(map(is_running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(is_running, pids)), f"still running: {list(filter(is_running, pids))}"
