@@ -1,0 +1,22 @@
+"""The gradient all-reduce of each Keras backend, run inside that backend's training step.
+
+Each module has `grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor,
+name)`: the step's present gradients (what that backend hands the optimizer) and their
+variables in; the all-reduced gradients out, in that backend's kind of tensor.
+"""
+
+import importlib
+
+__all__ = ["for_backend"]
+
+_SUPPORTED = ("tensorflow", "torch", "jax")
+
+
+def for_backend(backend: str):
+    """The module for `backend` (imported on first use, so only that framework loads)."""
+    if backend not in _SUPPORTED:
+        raise NotImplementedError(
+            f"hvdplus.keras all-reduces gradients on the {', '.join(_SUPPORTED[:-1])} and "
+            f"{_SUPPORTED[-1]} backends, not {backend!r}"
+        )
+    return importlib.import_module(f"{__name__}.{backend}")
