@@ -14,10 +14,15 @@ import os
 import statistics
 import time
 
-import numpy as np
-from mpi4py import MPI
+# The compute loop runs one BLAS thread per rank, as training does here (hvdplusrun's default,
+# see runner/rank_threads): with every rank's BLAS threads on every core, any thread that
+# wakes, hvdplus' or not, stalls them, and the comparison would measure that instead.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import hvdplus as hvd
+import numpy as np  # noqa: E402  (after the thread count is set)
+from mpi4py import MPI  # noqa: E402
+
+import hvdplus as hvd  # noqa: E402
 
 
 def timed(step, repeats, warmup=3):

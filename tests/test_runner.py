@@ -23,7 +23,7 @@ import pytest
 
 from hvdplus.common.settings import Settings
 from hvdplus.runner.command import (
-    IntelMpi, Job, Mpich, OpenMpi, dialect_for, forwarded_env_names, needs_oversubscribe,
+    IntelMpi, Job, Mpich, OpenMpi, dialect_for, forwarded_env_names, local_core_count, needs_oversubscribe,
 )
 from hvdplus.runner.errors import LaunchError, MpiNotFoundError
 from hvdplus.runner.hosts import (
@@ -34,6 +34,7 @@ from hvdplus.runner.mpi_discovery import (
     MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi, parse_version_output,
 )
 from hvdplus.runner.rank_output import MARKER_PATTERN, RankLineTagger, start_relay
+from hvdplus.runner.rank_threads import rank_threads_environment, threads_note
 from hvdplus.runner.supervise import exit_status, run_supervised
 from hvdplus.runner.tuning import tuning_environment
 from mpi_jobs import launch, run_ending_on_timeout
@@ -487,6 +488,32 @@ def test_tuning_flags_reach_every_rank(tmp_path):
         assert env["HVDPLUS_HIERARCHICAL_ALLREDUCE"] == "1"
         assert env["HVDPLUS_STALL_CHECK_TIME_SECONDS"] == "7"
         assert env["HVDPLUS_STALL_SHUTDOWN_TIME_SECONDS"] == "11"
+
+
+def test_ranks_of_a_local_job_share_the_cores_unless_the_user_chose_threads():
+    assert rank_threads_environment({}, 2, local_only=True, core_count=8) == {"OMP_NUM_THREADS": "4"}
+    assert rank_threads_environment({}, 3, local_only=True, core_count=8) == {"OMP_NUM_THREADS": "2"}
+    assert rank_threads_environment({}, 3, local_only=True, core_count=2) == {"OMP_NUM_THREADS": "1"}
+    assert rank_threads_environment({"OMP_NUM_THREADS": "6"}, 2, local_only=True, core_count=8) == {}
+    # Other machines' cores are not known on this one.
+    assert rank_threads_environment({}, 2, local_only=False, core_count=8) == {}
+    assert threads_note({}, 2, 8) is None
+    assert "OMP_NUM_THREADS=4 for each of 2 ranks on 8 cores" in threads_note({"OMP_NUM_THREADS": "4"}, 2, 8)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("preset", [None, "3"])
+def test_rank_threads_reach_every_rank(preset):
+    env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+    if preset:
+        env["OMP_NUM_THREADS"] = preset
+    program = rank_snippet("print('THREADS', os.environ.get('OMP_NUM_THREADS'), flush=True)\n")
+    result = run_ending_on_timeout(LAUNCHER + ["-np", "2", sys.executable, "-c", program],
+                                   dict(env, PYTHONPATH=REPO), JOB_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    expected = preset or str(max(local_core_count() // 2, 1))
+    assert [line.split("THREADS ", 1)[1] for line in result.stdout.splitlines() if "THREADS " in line] == [expected] * 2
+    assert ("hvdplusrun: OMP_NUM_THREADS=" in result.stderr) == (preset is None)
 
 
 @pytest.mark.timeout(90)

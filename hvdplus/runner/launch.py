@@ -23,6 +23,7 @@ from .errors import LaunchError
 from .hosts import Host, parse_host_list, read_hostfile, total_slots
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
 from .rank_output import MARKER_PATTERN
+from .rank_threads import rank_threads_environment, threads_note
 from .supervise import run_supervised
 from .tuning import add_tuning_arguments, tuning_environment
 
@@ -90,6 +91,12 @@ def launch(args: argparse.Namespace) -> int:
     mpirun = find_mpirun(default_search_dirs(), os.environ.get(MPIRUN_ENV))
     dialect = dialect_for(identify_mpi(mpirun))
     env = dict(os.environ, **tuning_environment(args))
+    cores = local_core_count()
+    threads = rank_threads_environment(env, num_proc, local_only=not hosts, core_count=cores)
+    env.update(threads)
+    note = threads_note(threads, num_proc, cores)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     # hvdplus' shared window is Open MPI's osc/sm; osc/ucx would only print a failed query.
     env.setdefault("OMPI_MCA_osc", "^ucx")
     output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
@@ -102,7 +109,7 @@ def launch(args: argparse.Namespace) -> int:
             program=args.command,
             hosts=hosts,
             hostfile=hostfile,
-            oversubscribe=needs_oversubscribe(num_proc, hosts, local_core_count()),
+            oversubscribe=needs_oversubscribe(num_proc, hosts, cores),
             as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
             output_dir=output_dir,
             env_names=forwarded_env_names(env),

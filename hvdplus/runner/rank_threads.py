@@ -1,0 +1,33 @@
+"""How many compute threads each rank of a job on this machine gets, unless the user says.
+
+Every rank's math library (OpenMP in torch, OpenBLAS or MKL under numpy) starts one thread
+per core by default, so n ranks on one machine run n times as many threads as there are
+cores. Their threads wait for each other by spinning: oversubscribed, a preempted thread
+stalls its whole team, and any other thread that wakes (hvdplus' engine, a data loader)
+preempts one. Measured here, 2 ranks on 2 cores, a numpy matmul loop: 0.10-0.18 s alone,
+0.14-1.46 s beside a Python thread waking every 50 ms; 0.067 s either way with one thread
+per rank. torchrun makes the same choice (OMP_NUM_THREADS=1 per process).
+"""
+
+from typing import Dict, Mapping, Optional
+
+__all__ = ["THREADS_VARIABLE", "rank_threads_environment", "threads_note"]
+
+THREADS_VARIABLE = "OMP_NUM_THREADS"
+
+
+def rank_threads_environment(environ: Mapping[str, str], num_proc: int, local_only: bool,
+                             core_count: int) -> Dict[str, str]:
+    """{OMP_NUM_THREADS: cores // ranks} for a job whose ranks all run on this machine and
+    whose user has not set it; else nothing (remote machines' cores are not known here)."""
+    if THREADS_VARIABLE in environ or not local_only:
+        return {}
+    return {THREADS_VARIABLE: str(max(core_count // max(num_proc, 1), 1))}
+
+
+def threads_note(setting: Mapping[str, str], num_proc: int, core_count: int) -> Optional[str]:
+    """The note hvdplusrun prints when it chose the threads, or None."""
+    if THREADS_VARIABLE not in setting:
+        return None
+    return (f"hvdplusrun: {THREADS_VARIABLE}={setting[THREADS_VARIABLE]} for each of {num_proc} ranks "
+            f"on {core_count} cores; set {THREADS_VARIABLE} to choose otherwise")
