@@ -27,7 +27,7 @@ from hvdplus.runner.command import (
 )
 from hvdplus.runner.errors import LaunchError, MpiNotFoundError
 from hvdplus.runner.hosts import (
-    Host, format_host_list, hydra_hostfile_text, parse_host_list, parse_hostfile,
+    Host, format_host_list, hydra_hostfile_text, on_this_machine, parse_host_list, parse_hostfile,
 )
 from hvdplus.runner.launch import parse_args
 from hvdplus.runner.mpi_discovery import (
@@ -498,6 +498,8 @@ def test_ranks_of_a_local_job_share_the_cores_unless_the_user_chose_threads():
     # Other machines' cores are not known on this one.
     assert rank_threads_environment({}, 2, local_only=False, core_count=8) == {}
     assert threads_note({}, 2, 8) is None
+    assert on_this_machine([]) and on_this_machine(parse_host_list("localhost:3"))
+    assert not on_this_machine(parse_host_list("localhost:1,node-elsewhere:2"))
     assert "OMP_NUM_THREADS=4 for each of 2 ranks on 8 cores" in threads_note({"OMP_NUM_THREADS": "4"}, 2, 8)
 
 

@@ -5,11 +5,13 @@ rewrites a parsed hostfile for it. A host given without a slot count has one slo
 """
 
 import dataclasses
+import socket
 from typing import Iterable, List, Sequence
 
 from .errors import LaunchError
 
 __all__ = [
+    "on_this_machine",
     "Host",
     "parse_host_list",
     "parse_hostfile",
@@ -102,3 +104,9 @@ def hydra_hostfile_text(hosts: Iterable[Host]) -> str:
 
 def total_slots(hosts: Sequence[Host]) -> int:
     return sum(host.slots for host in hosts)
+
+
+def on_this_machine(hosts: Sequence[Host]) -> bool:
+    """Whether every rank runs here: no hosts given, or each one names this machine."""
+    here = {"localhost", "127.0.0.1", socket.gethostname()}
+    return all(host.name in here for host in hosts)

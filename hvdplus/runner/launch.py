@@ -20,7 +20,7 @@ from ..version import __version__
 from . import check_build
 from .command import Job, dialect_for, forwarded_env_names, local_core_count, needs_oversubscribe
 from .errors import LaunchError
-from .hosts import Host, parse_host_list, read_hostfile, total_slots
+from .hosts import Host, on_this_machine, parse_host_list, read_hostfile, total_slots
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
 from .rank_output import MARKER_PATTERN
 from .rank_threads import rank_threads_environment, threads_note
@@ -92,7 +92,7 @@ def launch(args: argparse.Namespace) -> int:
     dialect = dialect_for(identify_mpi(mpirun))
     env = dict(os.environ, **tuning_environment(args))
     cores = local_core_count()
-    threads = rank_threads_environment(env, num_proc, local_only=not hosts, core_count=cores)
+    threads = rank_threads_environment(env, num_proc, local_only=on_this_machine(hosts), core_count=cores)
     env.update(threads)
     note = threads_note(threads, num_proc, cores)
     if note:
