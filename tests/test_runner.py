@@ -34,7 +34,7 @@ from hvdplus.runner.mpi_discovery import (
     MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi, parse_version_output,
 )
 from hvdplus.runner.rank_output import MARKER_PATTERN, RankLineTagger, start_relay
-from hvdplus.runner.rank_threads import rank_threads_environment, threads_note
+from hvdplus.runner.rank_threads import cpu_quota, rank_threads_environment, threads_note
 from hvdplus.runner.supervise import exit_status, run_supervised
 from hvdplus.runner.tuning import tuning_environment
 from mpi_jobs import launch, run_ending_on_timeout
@@ -503,6 +503,14 @@ def test_ranks_of_a_local_job_share_the_cores_unless_the_user_chose_threads():
     assert "OMP_NUM_THREADS=4 for each of 2 ranks on 8 cores" in threads_note({"OMP_NUM_THREADS": "4"}, 2, 8)
 
 
+@pytest.mark.parametrize("text, cores", [("max 100000\n", None), ("200000 100000\n", 2),
+                                         ("150000 100000\n", 2), ("50000 100000\n", 1), ("", None)])
+def test_cpu_quota_of_a_container(tmp_path, text, cores):
+    (tmp_path / "cpu.max").write_text(text)
+    assert cpu_quota(str(tmp_path / "cpu.max")) == cores
+    assert cpu_quota(str(tmp_path / "absent")) is None
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("preset", [None, "3"])
 def test_rank_threads_reach_every_rank(preset):
@@ -513,7 +521,7 @@ def test_rank_threads_reach_every_rank(preset):
     result = run_ending_on_timeout(LAUNCHER + ["-np", "2", sys.executable, "-c", program],
                                    dict(env, PYTHONPATH=REPO), JOB_TIMEOUT)
     assert result.returncode == 0, result.stderr
-    expected = preset or str(max(local_core_count() // 2, 1))
+    expected = preset or str(max(min(local_core_count(), cpu_quota() or 99) // 2, 1))
     assert [line.split("THREADS ", 1)[1] for line in result.stdout.splitlines() if "THREADS " in line] == [expected] * 2
     assert ("hvdplusrun: OMP_NUM_THREADS=" in result.stderr) == (preset is None)
 

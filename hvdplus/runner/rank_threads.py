@@ -9,11 +9,29 @@ preempts one. Measured here, 2 ranks on 2 cores, a numpy matmul loop: 0.10-0.18 
 per rank. torchrun makes the same choice (OMP_NUM_THREADS=1 per process).
 """
 
+import math
 from typing import Dict, Mapping, Optional
 
-__all__ = ["THREADS_VARIABLE", "rank_threads_environment", "threads_note"]
+__all__ = ["THREADS_VARIABLE", "cpu_quota", "rank_threads_environment", "threads_note"]
 
 THREADS_VARIABLE = "OMP_NUM_THREADS"
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def cpu_quota(path: str = CGROUP_CPU_MAX) -> Optional[int]:
+    """The cores' worth of time this container may use (cgroup v2 `cpu.max`, as `docker
+    --cpus` sets it), rounded up; None where there is no limit or no such file."""
+    try:
+        with open(path) as handle:
+            quota, period = handle.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        return max(math.ceil(int(quota) / int(period)), 1)
+    except (ValueError, ZeroDivisionError):
+        return None
 
 
 def rank_threads_environment(environ: Mapping[str, str], num_proc: int, local_only: bool,
