@@ -34,7 +34,7 @@ from hvdplus.runner.mpi_discovery import (
     MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi, parse_version_output,
 )
 from hvdplus.runner.rank_output import MARKER_PATTERN, RankLineTagger, start_relay
-from hvdplus.runner.rank_threads import cpu_quota, rank_threads_environment, threads_note
+from hvdplus.runner.rank_threads import cpu_quota, rank_threads_environment, threads_note, usable_cores
 from hvdplus.runner.supervise import exit_status, run_supervised
 from hvdplus.runner.tuning import tuning_environment
 from mpi_jobs import launch, run_ending_on_timeout
@@ -521,7 +521,7 @@ def test_rank_threads_reach_every_rank(preset):
     result = run_ending_on_timeout(LAUNCHER + ["-np", "2", sys.executable, "-c", program],
                                    dict(env, PYTHONPATH=REPO), JOB_TIMEOUT)
     assert result.returncode == 0, result.stderr
-    expected = preset or str(max(min(local_core_count(), cpu_quota() or 99) // 2, 1))
+    expected = preset or str(max(usable_cores(local_core_count()) // 2, 1))
     assert [line.split("THREADS ", 1)[1] for line in result.stdout.splitlines() if "THREADS " in line] == [expected] * 2
     assert ("hvdplusrun: OMP_NUM_THREADS=" in result.stderr) == (preset is None)
 
@@ -564,10 +564,7 @@ def test_output_filename_writes_one_file_per_rank(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_sigterm_to_launcher_ends_every_rank(tmp_path):
-    program = rank_snippet(
-        f"open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w').close()\n"
-        "time.sleep(120)\n"
-    )
+    program = sleeping_ranks(tmp_path)
     launcher = subprocess.Popen(
         LAUNCHER + ["-np", "2", sys.executable, "-c", program],
         cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
@@ -586,18 +583,13 @@ def test_sigterm_to_launcher_ends_every_rank(tmp_path):
     finally:
         if launcher.poll() is None:
             launcher.kill()
-        for pid in filter(is_running, pids):
-            os.kill(pid, signal.SIGKILL)
+        kill_leftovers(pids)
 
 
 @pytest.mark.timeout(90)
 def test_a_test_job_past_its_timeout_leaves_no_rank_running(tmp_path):
     """tests/mpi_jobs ends a job that hangs, ranks included, so later tests get the cores."""
-    program = rank_snippet(
-        f"open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w').close()\n"
-        "print('started', flush=True)\n"
-        "time.sleep(120)\n"
-    )
+    program = sleeping_ranks(tmp_path)
     with pytest.raises(subprocess.TimeoutExpired) as expired:
         launch(2, [sys.executable, "-c", program], timeout=15)
     pids = [int(name) for name in os.listdir(tmp_path)]
@@ -606,8 +598,22 @@ def test_a_test_job_past_its_timeout_leaves_no_rank_running(tmp_path):
         assert expired.value.output.count("started") == 2
         assert_all_end(pids)
     finally:
-        for pid in filter(is_running, pids):
-            os.kill(pid, signal.SIGKILL)
+        kill_leftovers(pids)
+
+
+def sleeping_ranks(directory):
+    """A rank program that leaves a file named by its pid in `directory`, says 'started' and
+    sleeps two minutes: a job to end."""
+    return rank_snippet(
+        f"open(os.path.join({str(directory)!r}, str(os.getpid())), 'w').close()\n"
+        "print('started', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+
+
+def kill_leftovers(pids):
+    for pid in filter(is_running, pids):
+        os.kill(pid, signal.SIGKILL)
 
 
 def assert_all_end(pids, seconds=15):

@@ -23,7 +23,7 @@ from .errors import LaunchError
 from .hosts import Host, on_this_machine, parse_host_list, read_hostfile, total_slots
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
 from .rank_output import MARKER_PATTERN
-from .rank_threads import cpu_quota, rank_threads_environment, threads_note
+from .rank_threads import rank_threads_environment, threads_note, usable_cores
 from .supervise import run_supervised
 from .tuning import add_tuning_arguments, tuning_environment
 
@@ -92,8 +92,7 @@ def launch(args: argparse.Namespace) -> int:
     dialect = dialect_for(identify_mpi(mpirun))
     env = dict(os.environ, **tuning_environment(args))
     cores = local_core_count()
-    # Open MPI's slots follow the cores it sees; a container's CPU quota only limits threads.
-    usable = min(cores, cpu_quota() or cores)
+    usable = usable_cores(cores)
     threads = rank_threads_environment(env, num_proc, local_only=on_this_machine(hosts), core_count=usable)
     env.update(threads)
     note = threads_note(threads, num_proc, usable)

@@ -12,7 +12,7 @@ per rank. torchrun makes the same choice (OMP_NUM_THREADS=1 per process).
 import math
 from typing import Dict, Mapping, Optional
 
-__all__ = ["THREADS_VARIABLE", "cpu_quota", "rank_threads_environment", "threads_note"]
+__all__ = ["THREADS_VARIABLE", "cpu_quota", "usable_cores", "rank_threads_environment", "threads_note"]
 
 THREADS_VARIABLE = "OMP_NUM_THREADS"
 CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
@@ -32,6 +32,12 @@ def cpu_quota(path: str = CGROUP_CPU_MAX) -> Optional[int]:
         return max(math.ceil(int(quota) / int(period)), 1)
     except (ValueError, ZeroDivisionError):
         return None
+
+
+def usable_cores(visible: int) -> int:
+    """The cores the ranks' threads may share: the `visible` ones, or fewer under a quota.
+    (Open MPI's slots follow the visible cores; a container's quota only limits threads.)"""
+    return min(visible, cpu_quota() or visible)
 
 
 def rank_threads_environment(environ: Mapping[str, str], num_proc: int, local_only: bool,
