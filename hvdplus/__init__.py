@@ -13,6 +13,8 @@ import importlib
 from .common.errors import (
     HvdplusError, NotInitializedError, ShutdownError, StalledError, TensorMismatchError,
 )
+from .common.build_queries import *  # noqa: F401,F403 (Horovod's build queries)
+from .common.build_queries import __all__ as _BUILD_QUERIES
 from .common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
 from .common.runtime import (
     cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
@@ -39,7 +41,7 @@ __all__ = [
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "start_timeline", "stop_timeline",
+    "mpi_built", "start_timeline", "stop_timeline", *_BUILD_QUERIES,
 ] + sorted(_LAZY)
 
 

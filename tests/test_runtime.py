@@ -48,6 +48,14 @@ def test_single_process_is_a_job_of_one(uninitialized):
     np.testing.assert_array_equal(hvd.allreduce(np.arange(3.0)), np.arange(3.0))
 
 
+@pytest.mark.parametrize("module", ["hvdplus", "hvdplus.torch"])
+def test_horovods_build_queries_answer_before_init(module, uninitialized):
+    adapter = pytest.importorskip(module)
+    assert adapter.nccl_built() == 0 and adapter.mpi_built()
+    for query in ("gloo_built", "gloo_enabled", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built"):
+        assert getattr(adapter, query)() is False
+
+
 def test_shutdown_then_init_again(uninitialized):
     hvd.init()
     hvd.shutdown()

@@ -2,7 +2,7 @@
 
 import enum
 
-__all__ = ["ReduceOp", "Average", "Sum", "Min", "Max", "Product", "as_reduce_op"]
+__all__ = ["ReduceOp", "Average", "Sum", "Min", "Max", "Product", "as_reduce_op", "reduce_op_from"]
 
 
 class ReduceOp(enum.IntEnum):
@@ -38,3 +38,13 @@ def as_reduce_op(op) -> ReduceOp:
             pass
     names = ", ".join(member.label for member in ReduceOp)
     raise ValueError(f"unknown reduce op {op!r}; expected one of {names}")
+
+
+def reduce_op_from(average, op):
+    """Horovod's deprecated `average=` flag and `op=` as one op (Average by default). `op`
+    itself is checked where it is agreed, so that a bad one fails on every rank alike."""
+    if average is not None:
+        if op is not None:
+            raise ValueError("pass op= or the deprecated average=, not both")
+        return Average if average else Sum
+    return Average if op is None else op

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from ..comm import collectives
 from ..common import runtime
-from ..common.reduce_ops import Average, Sum, as_reduce_op
+from ..common.reduce_ops import Average, Sum, as_reduce_op, reduce_op_from
 from .buffers import as_tensor, collective_name, run_on_host, what
 from .compression import Compression
 
@@ -29,15 +29,6 @@ __all__ = [
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "alltoall", "reducescatter", "join", "barrier",
 ]
-
-
-def _reduce_op(average, op):
-    """Horovod's legacy `average=` flag and `op=` as one ReduceOp."""
-    if average is not None:
-        if op is not None:
-            raise ValueError("pass op= or the deprecated average=, not both")
-        return Average if average else Sum
-    return Average if op is None else as_reduce_op(op)
 
 
 def _fail_everywhere(error, submitted, dtype=tf.float32):
@@ -110,7 +101,7 @@ def allreduce(tensor, average=None, compression=Compression.none, op=None, presc
     if isinstance(tensor, tf.IndexedSlices):
         return grouped_allreduce([tensor], average, compression, op, prescale_factor, postscale_factor, name)[0]
     try:
-        op = _reduce_op(average, op)
+        op = as_reduce_op(reduce_op_from(average, op))
         tensor = as_tensor(tensor, what("allreduce", name))
     except (TypeError, ValueError) as error:
         return _fail_everywhere(error, [("allreduce", name)])
@@ -178,7 +169,7 @@ def grouped_allreduce(tensors, average=None, compression=Compression.none, op=No
     if not tensors:
         return []
     try:
-        op = _reduce_op(average, op)
+        op = as_reduce_op(reduce_op_from(average, op))
         tensors = [t if isinstance(t, tf.IndexedSlices) else as_tensor(t, what("grouped_allreduce", name))
                    for t in tensors]
         slices = [t for t in tensors if isinstance(t, tf.IndexedSlices)]
@@ -295,15 +286,19 @@ def _alltoall(tensor, splits, name):
 def alltoall(tensor, splits=None, name=None):
     """Rows `splits[r]` of `tensor` go to rank r (an even split when None).
 
-    Returns (rows received from every rank, in rank order; int32 rows received from each)."""
+    Returns the rows received from every rank, in rank order; as in Horovod, with `splits`
+    given, (those rows, int32 rows received from each rank)."""
     name = collective_name("alltoall", name)
     try:
         tensor = as_tensor(tensor, what("alltoall", name))
         if splits is not None:
             splits = as_tensor(splits, f"{what('alltoall', name)} splits")
     except TypeError as error:
-        return _fail_everywhere(error, [("alltoall", name)]), tf.zeros([runtime.size()], tf.int32)
-    return _alltoall(tensor, splits, name)
+        received = _fail_everywhere(error, [("alltoall", name)])
+        received_splits = tf.zeros([runtime.size()], tf.int32)
+    else:
+        received, received_splits = _alltoall(tensor, splits, name)
+    return received if splits is None else (received, received_splits)
 
 
 def _host_reducescatter(tensor, name, op, prescale, postscale):

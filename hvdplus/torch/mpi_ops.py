@@ -1,8 +1,8 @@
 """Collectives on torch tensors, with Horovod's names and arguments.
 
 Every call hands the core a numpy view of the tensor's memory; in-place variants (`_`
-suffix) have the result written straight back into it. `allreduce`, `allgather` and
-`broadcast` are differentiable when their input requires grad.
+suffix) have the result written straight back into it. `allreduce`, `allgather`,
+`broadcast` and `alltoall` are differentiable when their input requires grad.
 """
 
 import numpy as np
@@ -11,7 +11,7 @@ import torch
 from ..comm import collectives
 from ..common import runtime
 from ..common.handles import HandleGroup
-from ..common.reduce_ops import Average, ReduceOp, Sum
+from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
 from .buffers import as_array, as_in_place_array, check_tensor, copy_back, to_tensor
 from .compression import Compression
 
@@ -60,15 +60,6 @@ def _what(kind, name):
     return f"{kind} '{name}'" if name else kind
 
 
-def _reduce_op(average, op):
-    """Horovod's legacy `average=` flag and `op=` as one ReduceOp."""
-    if average is not None:
-        if op is not None:
-            raise ValueError("pass op= or the deprecated average=, not both")
-        return Average if average else Sum
-    return Average if op is None else op
-
-
 def _checked(kind, name, tensors, in_place=False):
     """None when the tensors are usable, else a handle that fails on every rank."""
     try:
@@ -87,7 +78,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     failed = _checked("allreduce", name, [tensor])
     if failed:
         return failed
-    core = collectives.allreduce_async(as_array(tensor), name, _reduce_op(average, op),
+    core = collectives.allreduce_async(as_array(tensor), name, reduce_op_from(average, op),
                                        prescale_factor, postscale_factor)
     return TensorHandle(core, lambda result: to_tensor(result, tensor))
 
@@ -98,7 +89,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     if failed:
         return failed
     array, finish = as_in_place_array(tensor)
-    core = collectives.allreduce_async(array, name, _reduce_op(average, op),
+    core = collectives.allreduce_async(array, name, reduce_op_from(average, op),
                                        prescale_factor, postscale_factor, output=array)
     return TensorHandle(core, lambda _: finish())
 
@@ -129,7 +120,7 @@ class _AllreduceFunction(torch.autograd.Function):
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0):
     """All-reduce `tensor` into a new tensor (Average by default); differentiable."""
-    op = _reduce_op(average, op)
+    op = reduce_op_from(average, op)
     if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
         return _AllreduceFunction.apply(tensor, name, op, prescale_factor, postscale_factor, compression)
     return _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression)
@@ -146,7 +137,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     failed = _checked("grouped_allreduce", name, tensors)
     if failed:
         return failed
-    core = collectives.grouped_allreduce_async([as_array(t) for t in tensors], name, _reduce_op(average, op),
+    core = collectives.grouped_allreduce_async([as_array(t) for t in tensors], name, reduce_op_from(average, op),
                                                prescale_factor, postscale_factor)
     return TensorHandle(core, lambda results: [to_tensor(r, t) for r, t in zip(results, tensors)])
 
@@ -160,7 +151,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     arrays = [as_array(t) for t in tensors]
     # Host copies of CUDA tensors go back once reduced; CPU tensors were reduced where they lie.
     staged = [(array, tensor) for array, tensor in zip(arrays, tensors) if not tensor.is_cpu]
-    core = collectives.grouped_allreduce_async(arrays, name, _reduce_op(average, op), prescale_factor,
+    core = collectives.grouped_allreduce_async(arrays, name, reduce_op_from(average, op), prescale_factor,
                                                postscale_factor, outputs=arrays)
 
     def finish(_):
@@ -297,9 +288,31 @@ def alltoall_async(tensor, splits=None, name=None):
     return TensorHandle(core, lambda result: (to_tensor(result[0], tensor), torch.from_numpy(result[1])))
 
 
+class _AlltoallFunction(torch.autograd.Function):
+    """Each row's gradient goes back to the rank that sent the row."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        received, received_splits = alltoall_async(tensor, splits, name).wait()
+        ctx.received_splits = received_splits
+        ctx.mark_non_differentiable(received_splits)
+        return received, received_splits
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        returned, _ = alltoall_async(grad.contiguous(), ctx.received_splits).wait()
+        return returned, None, None
+
+
 def alltoall(tensor, splits=None, name=None):
-    """Returns (rows received from every rank in rank order, rows received from each rank)."""
-    return alltoall_async(tensor, splits, name).wait()
+    """The rows received from every rank, in rank order; differentiable. As in Horovod, with
+    `splits` given it returns (those rows, rows received from each rank), and without them
+    the rows alone. (`alltoall_async` + `synchronize` always give the pair.)"""
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        received, received_splits = _AlltoallFunction.apply(tensor, splits, name)
+    else:
+        received, received_splits = alltoall_async(tensor, splits, name).wait()
+    return received if splits is None else (received, received_splits)
 
 
 def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):

@@ -105,6 +105,9 @@ def test_alltoall_and_reducescatter(rank, size):
     expected = torch.cat([torch.arange(offset, offset + splits[rank], dtype=torch.float32) + 100 * r for r in range(size)])
     assert torch.equal(received, expected)
     assert received_splits.tolist() == [splits[rank]] * size
+    # Without splits, Horovod returns the received rows alone.
+    even = hvd.alltoall(torch.full((size, 2), float(rank)))
+    assert torch.equal(even, torch.arange(size, dtype=torch.float32).repeat_interleave(2).reshape(size, 2))
     rows = torch.ones(2 * size + 1, 4)
     mine = hvd.reducescatter(rows, op=hvd.Sum)
     assert mine.shape == (3 if rank == 0 else 2, 4) and torch.all(mine == size)
@@ -127,6 +130,18 @@ def test_autograd_through_allreduce_allgather_broadcast(rank, size):
     (hvd.broadcast(z, root_rank=0) * (rank + 1)).sum().backward()
     expected = size * (size + 1) / 2 if rank == 0 else 0.0
     assert torch.allclose(z.grad, torch.full((2,), expected))
+
+
+def test_autograd_through_alltoall(rank, size):
+    # Rank r sends r + 1 rows to every rank and weighs what it receives from rank q by
+    # (r + 1) * (q + 1): the gradient of a row sent to rank d is (d + 1) * (r + 1).
+    x = torch.zeros((size * (rank + 1), 3), requires_grad=True)
+    received, received_splits = hvd.alltoall(x, splits=[rank + 1] * size)
+    assert received_splits.tolist() == [q + 1 for q in range(size)]
+    weights = torch.cat([torch.full((q + 1, 3), float((rank + 1) * (q + 1))) for q in range(size)])
+    (received * weights).sum().backward()
+    expected = torch.cat([torch.full((rank + 1, 3), float((d + 1) * (rank + 1))) for d in range(size)])
+    assert torch.equal(x.grad, expected)
 
 
 def test_fp16_compression_within_tolerance(rank, size):
