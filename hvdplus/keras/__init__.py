@@ -12,13 +12,15 @@ import keras
 
 from ..common import runtime as _runtime
 from ..common.errors import HvdplusError, NotInitializedError, ShutdownError, StalledError, TensorMismatchError
+from ..common.build_queries import *  # noqa: F401,F403 (Horovod's build queries)
 from ..common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
 from ..common.runtime import (
     cross_rank, cross_size, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, rank, shutdown, size, start_timeline, stop_timeline,
 )
 from . import callbacks
-from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcast_object
+from .compression import Compression
+from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcast_object, reducescatter
 from .optimizer import DistributedOptimizer, distributed_class
 
 
@@ -36,19 +38,21 @@ def verbose(level=1):
     return level if _runtime.rank() == 0 else 0
 
 
-def load_model(filepath, custom_objects=None, compile=True, op=Average, backward_passes_per_step=1,
-               average_aggregated_gradients=False, gradient_predivide_factor=1.0):
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=None, compile=True,
+               op=Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+               gradient_predivide_factor=1.0):
     """keras.saving.load_model, with the saved optimizer (state included) loaded straight into
-    its DistributedOptimizer class; the options are DistributedOptimizer's."""
-    objects = {
-        name: distributed_class(cls) for name, cls in vars(keras.optimizers).items()
-        if isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)
-        and cls is not keras.optimizers.Optimizer
-    }
+    its DistributedOptimizer class: any of keras.optimizers, or of `custom_optimizers` (your
+    own Optimizer subclasses). The first four arguments are Horovod's; the options after
+    `compile` are DistributedOptimizer's."""
+    classes = [cls for cls in vars(keras.optimizers).values()
+               if isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)
+               and cls is not keras.optimizers.Optimizer]
+    objects = {cls.__name__: distributed_class(cls) for cls in classes + list(custom_optimizers or [])}
     objects.update(custom_objects or {})
     model = keras.saving.load_model(filepath, custom_objects=objects, compile=compile)
     optimizer = getattr(model, "optimizer", None)
     if compile and optimizer is not None and hasattr(optimizer, "_hvdplus_configure"):
         optimizer._hvdplus_configure(op, backward_passes_per_step, average_aggregated_gradients,
-                                     gradient_predivide_factor)
+                                     gradient_predivide_factor, compression)
     return model

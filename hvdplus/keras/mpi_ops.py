@@ -5,10 +5,11 @@ import keras
 import numpy as np
 
 from ..comm import collectives
-from ..common.reduce_ops import Average
+from ..common.reduce_ops import Average, reduce_op_from
 from . import backends
+from .compression import Compression
 
-__all__ = ["allreduce", "allgather", "broadcast", "broadcast_object", "allgather_object",
+__all__ = ["allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object", "allgather_object",
            "allreduce_gradients"]
 
 
@@ -16,10 +17,14 @@ def _to_numpy(value):
     return np.array(keras.ops.convert_to_numpy(value), order="C")  # keeps 0-d shapes
 
 
-def allreduce(value, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """All-reduce a backend tensor (eager); returns a backend tensor."""
-    result = collectives.allreduce(_to_numpy(value), op, prescale_factor, postscale_factor, name=name)
-    return keras.ops.convert_to_tensor(result)
+def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
+              compression=Compression.none):
+    """All-reduce a backend tensor (eager), Average unless `op` (or the deprecated
+    `average`) says otherwise; returns a backend tensor. Horovod's argument order."""
+    wire, ctx = compression.compress(keras.ops.convert_to_tensor(value))
+    result = collectives.allreduce(_to_numpy(wire), reduce_op_from(average, op), prescale_factor,
+                                   postscale_factor, name=name)
+    return compression.decompress(keras.ops.convert_to_tensor(result), ctx)
 
 
 def allgather(value, name=None):
@@ -30,6 +35,11 @@ def allgather(value, name=None):
 def broadcast(value, root_rank=0, name=None):
     """`root_rank`'s `value` on every rank."""
     return keras.ops.convert_to_tensor(collectives.broadcast(_to_numpy(value), root_rank, name=name))
+
+
+def reducescatter(value, name=None, op=Average):
+    """`value` reduced over ranks, of which rank r keeps block r of the rows."""
+    return keras.ops.convert_to_tensor(collectives.reducescatter(_to_numpy(value), op, name=name))
 
 
 def broadcast_object(obj=None, root_rank=0, name=None):

@@ -9,6 +9,7 @@ optimizer and `hvdplus.keras.load_model` wraps it again.
 
 from ..common import runtime
 from ..common.reduce_ops import Average, Sum
+from .compression import Compression
 from .mpi_ops import allreduce_gradients
 
 __all__ = ["DistributedOptimizer", "distributed_class"]
@@ -20,9 +21,11 @@ class _DistributedOptimizer:
     """Mixed in before a Keras optimizer class."""
 
     _hvdplus_reduction = (Average, 1.0, 1.0)
+    _hvdplus_compression = Compression.none
 
     def _hvdplus_configure(self, op, backward_passes_per_step, average_aggregated_gradients,
-                           gradient_predivide_factor):
+                           gradient_predivide_factor, compression=None):
+        self._hvdplus_compression = compression or Compression.none
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor needs op=Average")
         size = runtime.size()
@@ -41,7 +44,11 @@ class _DistributedOptimizer:
         variables = trainable_variables if trainable_variables is not None else self._trainable_variables
         if runtime.size() > 1:
             op, prescale, postscale = self._hvdplus_reduction
-            grads = allreduce_gradients(list(grads), list(variables), op, prescale, postscale)
+            compression = self._hvdplus_compression
+            # Without compression a gradient stays the very tensor (torch's .grad, reduced in place).
+            wires = [(None, None) if g is None else compression.compress(g) for g in grads]
+            reduced = allreduce_gradients([wire for wire, _ in wires], list(variables), op, prescale, postscale)
+            grads = [r if r is None else compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
         return super().apply(grads, trainable_variables)
 
 
@@ -64,7 +71,7 @@ def DistributedOptimizer(optimizer, compression=None, op=Average, backward_passe
 
     Args:
         optimizer: any keras.optimizers.Optimizer, before it has taken a step.
-        compression: accepted for Horovod compatibility; gradients travel uncompressed.
+        compression: Compression.none (None), .fp16 or .bf16 for the gradients on the wire.
         op: Average (default) or Sum over ranks.
         backward_passes_per_step: passes accumulated (Keras' gradient_accumulation_steps)
             before the variables are updated.
@@ -75,5 +82,5 @@ def DistributedOptimizer(optimizer, compression=None, op=Average, backward_passe
     """
     wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
     wrapped._hvdplus_configure(op, backward_passes_per_step, average_aggregated_gradients,
-                               gradient_predivide_factor)
+                               gradient_predivide_factor, compression)
     return wrapped

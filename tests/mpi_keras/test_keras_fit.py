@@ -140,6 +140,9 @@ def test_save_and_load_round_trip_keeps_the_wrapper(rank, size, tmp_path_factory
     model.save(path)
     loaded = hvd.load_model(path)
     assert hasattr(loaded.optimizer, "_hvdplus_configure")
+    assert loaded.optimizer._hvdplus_compression is hvd.Compression.none
+    # Horovod's positional order: filepath, custom_optimizers, custom_objects, compression.
+    assert hvd.load_model(path, None, None, hvd.Compression.fp16).optimizer._hvdplus_compression is hvd.Compression.fp16
     assert isinstance(loaded.optimizer, keras.optimizers.Adam)
     for mine, theirs in zip(loaded.optimizer.variables, model.optimizer.variables):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(mine), keras.ops.convert_to_numpy(theirs))
@@ -190,6 +193,38 @@ def test_collectives_on_backend_tensors(rank, size):
     root = keras.ops.convert_to_numpy(hvd.broadcast(value, root_rank=size - 1))
     np.testing.assert_array_equal(root, np.full((2, 2), float(size - 1)))
     assert hvd.verbose() == (1 if rank == 0 else 0)
+
+
+def test_collectives_take_horovods_arguments(rank, size):
+    value = keras.ops.convert_to_tensor(np.full(3, 1 / 3 + rank, dtype="float32"))
+    # allreduce(value, name, average, prescale_factor, postscale_factor, op, compression)
+    summed = keras.ops.convert_to_numpy(hvd.allreduce(value, "keras.sum", False))
+    np.testing.assert_allclose(summed, np.full(3, size / 3 + size * (size - 1) / 2), rtol=1e-6)
+    mean = keras.ops.convert_to_numpy(hvd.allreduce(value, "keras.mean"))
+    np.testing.assert_allclose(mean, np.full(3, 1 / 3 + (size - 1) / 2), rtol=1e-6)
+    # On the wire as float16: each rank's value rounded there, the mean rounded once more.
+    halves = [np.float16(1 / 3 + r).astype(np.float32) for r in range(size)]
+    expected = np.float16(np.float32(sum(halves)) / np.float32(size)).astype(np.float32)
+    compressed = hvd.allreduce(value, "keras.fp16", op=hvd.Average, compression=hvd.Compression.fp16)
+    assert keras.backend.standardize_dtype(compressed.dtype) == "float32"
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(compressed), np.full(3, expected))
+    rows = keras.ops.convert_to_tensor(np.arange(2 * size * 2, dtype="float32").reshape(2 * size, 2) * (rank + 1))
+    mine = keras.ops.convert_to_numpy(hvd.reducescatter(rows, "keras.rows", op=hvd.Sum))
+    everyone = np.arange(2 * size * 2, dtype="float32").reshape(2 * size, 2) * size * (size + 1) / 2
+    np.testing.assert_array_equal(mine, everyone[2 * rank:2 * rank + 2])
+
+
+@pytest.mark.skipif(hvd.size() < 2, reason="a job of one applies its gradients as they are, as Horovod does")
+def test_fp16_compression_rounds_the_gradients_on_the_wire(rank, size):
+    # 1/3 is not a float16: through fp16 compression every rank applies float16(1/3), exactly
+    # (its average over ranks is itself); without compression, float32(1/3).
+    third = np.float32(1 / 3)
+    for compression, applied in [(hvd.Compression.fp16, np.float16(third).astype(np.float32)),
+                                 (hvd.Compression.none, third)]:
+        variable = keras.Variable(np.zeros(3, dtype="float32"))
+        optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=compression)
+        optimizer.apply_gradients([(keras.ops.convert_to_tensor(np.full(3, third)), variable)])
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), np.full(3, -applied))
 
 
 def test_apply_gradients_averages_and_leaves_the_callers_gradients_alone(rank, size):
