@@ -38,9 +38,10 @@ def _stable_path(variable) -> str:
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, give every rank `root_rank`'s model and optimizer variables
     (the optimizer is built first if it has not created its variables yet), so that ranks
-    that initialised differently train one model."""
+    that initialised differently train one model. `device` is accepted for Horovod's
+    signature; hvdplus broadcasts from host memory."""
 
-    def __init__(self, root_rank=0):
+    def __init__(self, root_rank=0, device=""):
         super().__init__()
         self.root_rank = root_rank
 
@@ -55,7 +56,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 class MetricAverageCallback(keras.callbacks.Callback):
     """Replace each epoch's logs by their average over ranks. Put it first in `callbacks`,
-    so EarlyStopping, ReduceLROnPlateau and ModelCheckpoint decide the same on every rank."""
+    so EarlyStopping, ReduceLROnPlateau and ModelCheckpoint decide the same on every rank.
+    `device` is accepted for Horovod's signature; the logs are averaged on the host."""
+
+    def __init__(self, device=""):
+        super().__init__()
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs or runtime.size() == 1:
@@ -72,7 +77,11 @@ def _set_learning_rate(model, value):
 
 
 class _LearningRateCallback(keras.callbacks.Callback):
-    """Sets the learning rate from `multiplier_at(epoch)` (epoch fractional within a batch loop)."""
+    """Sets the learning rate from `multiplier_at(epoch)` (epoch fractional within a batch loop).
+
+    Only the learning rate, a variable: Horovod also scales an optimizer's momentum for the
+    step after each change (`momentum_correction`), but Keras 3 compiles the momentum into the
+    training step as a constant (tf.function, jax.jit), where a new value would not be seen."""
 
     def __init__(self, initial_lr, start_epoch, end_epoch, staircase, steps_per_epoch, verbose):
         super().__init__()
@@ -123,9 +132,11 @@ class LearningRateWarmupCallback(_LearningRateCallback):
 
         lr(epoch) = initial_lr / size * (1 + epoch * (size - 1) / warmup_epochs)
 
-    where `epoch` counts completed epochs plus the fraction of the current one."""
+    where `epoch` counts completed epochs plus the fraction of the current one. Arguments in
+    Horovod's order; `momentum_correction` is accepted, and the momentum left as it is (see
+    _LearningRateCallback)."""
 
-    def __init__(self, initial_lr, warmup_epochs=5, steps_per_epoch=None, verbose=0):
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
         super().__init__(initial_lr, 0, warmup_epochs, False, steps_per_epoch, verbose)
         self.warmup_epochs = warmup_epochs
 
@@ -144,10 +155,11 @@ class LearningRateWarmupCallback(_LearningRateCallback):
 class LearningRateScheduleCallback(_LearningRateCallback):
     """lr = initial_lr * multiplier for epochs in [start_epoch, end_epoch); `multiplier` is a
     number or a function of the epoch. With staircase=False it changes every batch, the
-    epoch counted fractionally."""
+    epoch counted fractionally. Arguments in Horovod's order; `momentum_correction` is
+    accepted, and the momentum left as it is (see _LearningRateCallback)."""
 
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
-                 steps_per_epoch=None, verbose=0):
+                 momentum_correction=True, steps_per_epoch=None, verbose=0):
         super().__init__(initial_lr, start_epoch, end_epoch, staircase, steps_per_epoch, verbose)
         self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
 

@@ -118,7 +118,8 @@ def test_warmup_and_schedule_learning_rates(rank, size):
     initial = 0.1 * size
     model.fit(rank_rows(x, rank, size), rank_rows(y, rank, size), batch_size=PER_RANK, epochs=4, verbose=0,
               shuffle=False, callbacks=[
-                  hvd.callbacks.LearningRateWarmupCallback(initial, warmup_epochs=2, steps_per_epoch=steps),
+                  # Horovod's positional order: momentum_correction comes before steps_per_epoch.
+                  hvd.callbacks.LearningRateWarmupCallback(initial, 2, True, steps),
                   hvd.callbacks.LearningRateScheduleCallback(initial, multiplier=lambda e: 0.5 ** e, start_epoch=2),
                   recorder])
     expected = []
