@@ -10,11 +10,11 @@ numpy arrays; `hvdplus.torch`, `hvdplus.tensorflow` and `hvdplus.keras` wrap the
 
 import importlib
 
+from .common.build_queries import *  # noqa: F401,F403 (Horovod's build queries)
+from .common.build_queries import __all__ as _BUILD_QUERIES
 from .common.errors import (
     HvdplusError, NotInitializedError, ShutdownError, StalledError, TensorMismatchError,
 )
-from .common.build_queries import *  # noqa: F401,F403 (Horovod's build queries)
-from .common.build_queries import __all__ as _BUILD_QUERIES
 from .common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
 from .common.runtime import (
     cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,

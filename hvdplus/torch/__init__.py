@@ -6,8 +6,8 @@
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 """
 
-from ..common.errors import HvdplusError, NotInitializedError, ShutdownError, StalledError, TensorMismatchError
 from ..common.build_queries import *  # noqa: F401,F403 (Horovod's build queries)
+from ..common.errors import HvdplusError, NotInitializedError, ShutdownError, StalledError, TensorMismatchError
 from ..common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
 from ..common.runtime import (
     cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
