@@ -67,6 +67,30 @@ def test_cache_ids_replace_requests_after_the_first_agreement():
     assert again.names == ["w"] and again.cache_ids == {}
 
 
+def test_a_batch_of_names_every_rank_sent_as_ids_is_known_by_its_ids_alone():
+    c = coordinator(size=3)
+    for rank in (0, 1, 2):
+        c.add(rank, [allreduce("u"), allreduce("v")])
+    (first,) = c.take_batches()
+    assert first.known_ids is None  # new agreements travel whole
+    ids = [first.cache_ids["u"], first.cache_ids["v"]]
+    for rank in (0, 1, 2):
+        c.add(rank, ids)
+    (again,) = c.take_batches()
+    assert again.names == ["u", "v"] and again.known_ids == ids
+    # One full request (a changed shape) or one joined rank: the batch travels whole.
+    c.add(0, [ids[0], allreduce("v", shape=(5,))])
+    c.add(1, [ids[0], allreduce("v", shape=(5,))])
+    c.add(2, [ids[0], allreduce("v", shape=(5,))])
+    (changed,) = c.take_batches()
+    assert changed.names == ["u", "v"] and changed.known_ids is None
+    c.add(2, [JOIN])
+    c.add(0, [ids[0]])
+    c.add(1, [ids[0]])
+    (joined,) = c.take_batches()
+    assert joined.names == ["u"] and joined.known_ids is None
+
+
 def test_cache_capacity_zero_assigns_no_ids():
     c = coordinator(cache=0)
     for rank in (0, 1):

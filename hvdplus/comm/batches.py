@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ..common.dtypes import accumulation_dtype, itemsize_of
+from ..common.dtypes import accumulation_dtype, dtype_name, itemsize_of
 from ..common.fusion import AVERAGED_WHILE_PACKING
 from ..common.reduce_ops import ReduceOp
 from ..common.timeline import now_us
@@ -84,7 +84,7 @@ def _reducible_in_place(algorithms, agree) -> bool:
     """On one node, tensors already in their accumulation dtype and not prescaled are
     reduced where they lie (or in their output) instead of through the fusion buffer."""
     return (algorithms.engine_algorithm == "shm" and agree["prescale factors"] == 1.0
-            and accumulation_dtype(agree["dtypes"]).name == agree["dtypes"])
+            and dtype_name(accumulation_dtype(agree["dtypes"])) == agree["dtypes"])
 
 
 def _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline):

@@ -92,6 +92,7 @@ class Engine:
         self._submitted: Deque[Entry] = collections.deque()
         self._in_flight: Dict[str, Entry] = {}
         self._cache: Dict[str, tuple] = {}
+        self._known: Dict[int, tuple] = {}  # cache id -> (name, request): _cache reversed
         self._sends: List[MPI.Request] = []
         self._status = MPI.Status()
         self._last_stall_check = time.monotonic()
@@ -221,17 +222,17 @@ class Engine:
             self._callers_driving += 1
         try:
             first = True
-            while not handle.done() and not self._finished and (first or time.monotonic() < deadline):
-                first = False
-                # While the engine thread runs a step, sleep on the lock rather than spin:
-                # on a node whose cores all train, a spinning caller halves that step's core.
-                if self._progress.acquire(timeout=max(deadline - time.monotonic(), 0.001)):
-                    try:
-                        with self._failing_aborts_the_job():
+            with self._failing_aborts_the_job():  # around the loop: entering it costs a few us
+                while not handle.done() and not self._finished and (first or time.monotonic() < deadline):
+                    first = False
+                    # While the engine thread runs a step, sleep on the lock rather than spin:
+                    # on a node whose cores all train, a spinning caller halves that step's core.
+                    if self._progress.acquire(timeout=max(deadline - time.monotonic(), 0.001)):
+                        try:
                             self._step()
-                    finally:
-                        self._progress.release()
-                os.sched_yield()
+                        finally:
+                            self._progress.release()
+                    os.sched_yield()
         finally:
             with self._lock:
                 self._callers_driving -= 1
@@ -253,7 +254,8 @@ class Engine:
             if self.coordinator.shutdown_ranks:
                 batches.append(Batch("shutdown", value=min(self.coordinator.shutdown_ranks)))
             if batches:
-                sends = [self.control_comm.isend(batches, dest=worker, tag=_RESPONSE_TAG)
+                wire = [batch.known_ids or batch for batch in batches]
+                sends = [self.control_comm.isend(wire, dest=worker, tag=_RESPONSE_TAG)
                          for worker in range(1, self.size)]
                 self._deliver(sends)
             self._finished |= self._execute(batches)
@@ -261,8 +263,8 @@ class Engine:
             if outgoing:
                 self._sends.append(self.control_comm.isend(outgoing, dest=0, tag=_REQUEST_TAG))
             while not self._finished and self.control_comm.iprobe(source=0, tag=_RESPONSE_TAG):
-                batches = self.control_comm.recv(source=0, tag=_RESPONSE_TAG)
-                self._finished |= self._execute(batches)
+                wire = self.control_comm.recv(source=0, tag=_RESPONSE_TAG)
+                self._finished |= self._execute([self._from_wire(item) for item in wire])
         if self._sends:
             self._sends = [request for request in self._sends if not request.Test()]
 
@@ -298,6 +300,14 @@ class Engine:
         if cached is not None and cached[0] == entry.request:
             return cached[1]
         return entry.request
+
+    def _from_wire(self, item) -> Batch:
+        """A batch as rank 0 sent it: whole, or as the cache ids of its names (see
+        Batch.known_ids), whose agreed requests this rank holds."""
+        if isinstance(item, Batch):
+            return item
+        known = [self._known[cache_id] for cache_id in item]
+        return Batch("allreduce", [name for name, _ in known], requests=[request for _, request in known])
 
     def _receive_requests(self) -> None:
         if self.size == 1:
@@ -363,6 +373,7 @@ class Engine:
             entry = self._in_flight.get(name)
             if entry is not None:
                 self._cache[name] = (entry.request, cache_id)
+                self._known[cache_id] = (name, entry.request)
         payloads = [entry.payload if entry is not None else JOINED for entry in entries]
         if self.timeline is not None:
             self._record_negotiation(batch, entries)

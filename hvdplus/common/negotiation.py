@@ -46,6 +46,10 @@ class Batch:
         per_rank: for allgather, rows per rank; for alltoall, splits per sending rank.
         cache_ids: ids assigned to names in this batch, for the ranks' response caches.
         value: the last rank to join for "join_done"; the reason for "stalled"/"shutdown".
+        known_ids: for an all-reduce whose names every rank sent as response-cache ids,
+            those ids in order: the batch then travels to the workers as the ids alone
+            (Engine rebuilds it from its own cache), since pickling the agreed requests
+            and unpickling them again sat on every negotiation's critical path.
     """
 
     kind: str
@@ -55,6 +59,7 @@ class Batch:
     per_rank: Optional[list] = None
     cache_ids: Optional[Dict[str, int]] = None
     value: object = None
+    known_ids: Optional[List[int]] = None
 
 
 @dataclasses.dataclass
@@ -144,7 +149,8 @@ class Coordinator:
                 continue
             cache_ids = self._remember(name, entry, ranks)
             if kind == "allreduce":
-                self._fuse(name, requests[0], cache_ids, open_fusions, batches)
+                known = None if entry.needs_check or len(ranks) != self.size else self._cache_id_of[name]
+                self._fuse(name, requests[0], cache_ids, known, open_fusions, batches)
                 continue
             batch = Batch(kind, [name], requests=[requests[0]], cache_ids=cache_ids)
             if kind == "allgather":
@@ -184,18 +190,23 @@ class Coordinator:
             self._cached[cache_id] = (name, by_rank)
         return {name: cache_id}
 
-    def _fuse(self, name, request, cache_ids, open_fusions, batches) -> None:
-        """Append `name` to the open fused batch of its kind, or open a new one."""
+    def _fuse(self, name, request, cache_ids, known_id, open_fusions, batches) -> None:
+        """Append `name` to the open fused batch of its kind, or open a new one. `known_id`
+        is its cache id when every rank sent that id, else None."""
         key = fusion_key(request)
         nbytes = fused_nbytes(request)
         batch, used = open_fusions.get(key, (None, 0))
         if batch is None or used + nbytes > self.fusion_threshold:
-            batch, used = Batch("allreduce", requests=[], cache_ids={}), 0
+            batch, used = Batch("allreduce", requests=[], cache_ids={}, known_ids=[]), 0
             batches.append(batch)
         open_fusions[key] = (batch, used + nbytes)
         batch.names.append(name)
         batch.requests.append(request)
         batch.cache_ids.update(cache_ids or {})
+        if known_id is None:
+            batch.known_ids = None
+        elif batch.known_ids is not None:
+            batch.known_ids.append(known_id)
 
     # -- stalls -----------------------------------------------------------------------
     def stalled(self, older_than: float) -> List[Tuple[str, List[int], List[int], float]]:
