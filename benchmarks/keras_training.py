@@ -9,7 +9,10 @@ ResNet-style CNN, batch 32), in one job and one thread per rank: model.fit with 
 DistributedOptimizer on every rank, the same ranks fitting their own copies with no
 communication ("independent ranks"), and one rank alone, taking turns round after round
 (harness.interleaved_throughputs). Scaling efficiency = hvdplus / independent ranks. Timed
-in steady state, between batch ends inside each fit (see fit_run).
+in steady state, between batch ends inside each fit (see fit_run). On the torch backend,
+whose optimizer sees the gradients eagerly, also the naive peer: an optimizer that
+all-reduces each gradient with mpi4py, one call each, then divides (no negotiation, no
+checks: what the communication alone costs when done plainly).
 """
 
 import argparse
@@ -43,6 +46,18 @@ def fit_run(model, x, y, batch, participants):
     return run, participants
 
 
+class _Mpi4pyAveraging:
+    """Mixed in before a Keras optimizer on the torch backend: each gradient (a CPU
+    tensor, the variable's own .grad) all-reduced in place by mpi4py, then divided."""
+
+    def apply(self, grads, trainable_variables=None):
+        for grad in grads:
+            array = grad.numpy()
+            WORLD.Allreduce(MPI.IN_PLACE, array)
+            array *= 1.0 / WORLD.Get_size()
+        return super().apply(grads, trainable_variables)
+
+
 def measure(model, steps, rounds):
     """{label: samples/s} of hvdplus, independent ranks and one rank alone for a BenchmarkModel."""
     x, y = synthetic_data(model, model.batch * steps, seed=hvd.rank())
@@ -51,11 +66,15 @@ def measure(model, steps, rounds):
     distributed.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9)), loss=loss)
     alone = model.build()
     alone.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss=loss)
-    return interleaved_throughputs({
-        "hvdplus": fit_run(distributed, x, y, model.batch, hvd.size()),
-        "independent ranks": fit_run(alone, x, y, model.batch, hvd.size()),
-        "one rank alone": fit_run(alone, x, y, model.batch, 1),
-    }, model.batch, steps, rounds=rounds)
+    runs = {"hvdplus": fit_run(distributed, x, y, model.batch, hvd.size())}
+    if keras.backend.backend() == "torch":
+        naive = model.build()
+        naive_sgd = type("SGD", (_Mpi4pyAveraging, keras.optimizers.SGD), {})
+        naive.compile(optimizer=naive_sgd(0.01, momentum=0.9), loss=loss)
+        runs["mpi4py loop"] = fit_run(naive, x, y, model.batch, hvd.size())
+    runs["independent ranks"] = fit_run(alone, x, y, model.batch, hvd.size())
+    runs["one rank alone"] = fit_run(alone, x, y, model.batch, 1)
+    return interleaved_throughputs(runs, model.batch, steps, rounds=rounds)
 
 
 def main():
@@ -79,6 +98,10 @@ def main():
                 print(f"  {label:18s} {value:10.1f}")
             print(f"  scaling efficiency (hvdplus / independent ranks): "
                   f"{results['hvdplus'] / results['independent ranks']:.3f}", flush=True)
+            if "mpi4py loop" in results:
+                print(f"  hvdplus / mpi4py loop: {results['hvdplus'] / results['mpi4py loop']:.2f}x   "
+                      f"mpi4py loop efficiency: {results['mpi4py loop'] / results['independent ranks']:.3f}",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -143,8 +143,11 @@ def _member_wise(members, outputs, starts, packed_size, pool):
         for index, (data, start) in enumerate(zip(members, starts)):
             if results[index] is None:
                 results[index] = fresh[start:start + data.size].reshape(data.shape)
-    payload = Members([data.reshape(-1) for data in members], [result.reshape(-1) for result in results])
-    return payload, lambda _: results
+    flat = [data.reshape(-1) for data in members]
+    # In place (torch's gradients), a member's flat view serves as its output's too.
+    flat_results = [view if result is data else result.reshape(-1)
+                    for result, data, view in zip(results, members, flat)]
+    return Members(flat, flat_results), lambda _: results
 
 
 def _average_while_packing(agree, size: int) -> bool:

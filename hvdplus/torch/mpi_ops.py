@@ -12,7 +12,7 @@ from ..comm import collectives
 from ..common import runtime
 from ..common.handles import HandleGroup
 from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
-from .buffers import as_array, as_in_place_array, check_tensor, copy_back, to_tensor
+from .buffers import as_array, as_arrays, as_in_place_array, check_tensor, copy_back, to_tensor
 from .compression import Compression
 
 __all__ = [
@@ -66,10 +66,16 @@ def _checked(kind, name, tensors, in_place=False):
         for tensor in tensors:
             check_tensor(tensor, _what(kind, name), in_place)
     except (TypeError, ValueError) as error:
-        if kind == "grouped_allreduce":
-            return TensorHandle(collectives.grouped_input_error_async(name, error))
         return TensorHandle(collectives.input_error_async(kind, name, error))
     return None
+
+
+def _grouped_arrays(name, tensors, in_place=False):
+    """The group's arrays (buffers.as_arrays), or a handle that fails on every rank."""
+    try:
+        return as_arrays(tensors, _what("grouped_allreduce", name), in_place)
+    except (TypeError, ValueError) as error:
+        return TensorHandle(collectives.grouped_input_error_async(name, error))
 
 
 # -- all-reduce ---------------------------------------------------------------------------
@@ -134,10 +140,10 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
     """Start all-reduces of `tensors` as one fused group; synchronize returns new tensors."""
     tensors = list(tensors)
-    failed = _checked("grouped_allreduce", name, tensors)
-    if failed:
-        return failed
-    core = collectives.grouped_allreduce_async([as_array(t) for t in tensors], name, reduce_op_from(average, op),
+    arrays = _grouped_arrays(name, tensors)
+    if isinstance(arrays, TensorHandle):
+        return arrays
+    core = collectives.grouped_allreduce_async(arrays, name, reduce_op_from(average, op),
                                                prescale_factor, postscale_factor)
     return TensorHandle(core, lambda results: [to_tensor(r, t) for r, t in zip(results, tensors)])
 
@@ -145,10 +151,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
     """Start in-place all-reduces of `tensors` as one fused group."""
     tensors = list(tensors)
-    failed = _checked("grouped_allreduce", name, tensors, in_place=True)
-    if failed:
-        return failed
-    arrays = [as_array(t) for t in tensors]
+    arrays = _grouped_arrays(name, tensors, in_place=True)
+    if isinstance(arrays, TensorHandle):
+        return arrays
     # Host copies of CUDA tensors go back once reduced; CPU tensors were reduced where they lie.
     staged = [(array, tensor) for array, tensor in zip(arrays, tensors) if not tensor.is_cpu]
     core = collectives.grouped_allreduce_async(arrays, name, reduce_op_from(average, op), prescale_factor,

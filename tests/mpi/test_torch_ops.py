@@ -170,6 +170,24 @@ def test_bad_tensor_in_a_group_on_one_rank_fails_everywhere(rank):
     assert torch.equal(hvd.grouped_allreduce([torch.ones(2)], op=hvd.Sum)[0], torch.full((2,), float(hvd.size())))
 
 
+@needs_two
+def test_group_members_the_quick_conversion_refuses_get_their_own_errors(rank):
+    """A group of plain CPU tensors is converted in one pass (buffers.as_arrays); any other
+    member sends the whole group through the per-tensor checks, whose errors name it."""
+    leaf = torch.ones(3, requires_grad=rank == 1)
+    with pytest.raises(ValueError, match="rank 1: grouped_allreduce 'leaf': an in-place collective would "
+                                         "overwrite a leaf tensor that requires grad"):
+        hvd.grouped_allreduce_([torch.ones(2), leaf], name="leaf")
+    odd = torch.ones(2, dtype=torch.complex64 if rank == 1 else torch.float32)
+    with pytest.raises(ValueError, match="rank 1: grouped_allreduce 'cplx': unsupported dtype torch.complex64"):
+        hvd.grouped_allreduce_([torch.ones(2), odd], name="cplx")
+    mixed = [torch.full((4,), rank + 1.0, dtype=torch.bfloat16), torch.full((2, 2), float(rank))]
+    hvd.grouped_allreduce_(mixed, op=hvd.Sum, name="mixed")
+    size = hvd.size()
+    assert torch.equal(mixed[0], torch.full((4,), size * (size + 1) / 2, dtype=torch.bfloat16))
+    assert torch.equal(mixed[1], torch.full((2, 2), size * (size - 1) / 2))
+
+
 def test_unsupported_dtype_and_grad_leaf_in_place(rank):
     with pytest.raises(ValueError, match="unsupported dtype torch.complex64"):
         hvd.allreduce(torch.ones(2, dtype=torch.complex64), name="cplx")
