@@ -9,6 +9,8 @@ reduced there, and copied back.
 import numpy as np
 import torch
 
+from ..common.dtypes import SUPPORTED_DTYPE_NAMES
+
 __all__ = ["SUPPORTED", "as_array", "as_arrays", "as_in_place_array", "copy_back", "to_tensor", "check_tensor"]
 
 SUPPORTED = (
@@ -55,9 +57,8 @@ def as_array(tensor) -> np.ndarray:
     return host.numpy()
 
 
-# What Tensor.numpy() can return for a SUPPORTED dtype (bfloat16 it refuses).
-_NUMPY_DTYPES = frozenset(np.dtype(name) for name in
-                          ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"))
+# What Tensor.numpy() can return for a supported dtype (bfloat16 it refuses).
+_NUMPY_DTYPES = frozenset(np.dtype(name) for name in SUPPORTED_DTYPE_NAMES if name != "bfloat16")
 
 
 def as_arrays(tensors, what: str, in_place: bool = False) -> list:
