@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdplus as hvd
-from hvdplus.common import runtime
+from hvdplus.engine import runtime
 from harness import init_gloo
 
 WORLD = MPI.COMM_WORLD

@@ -13,12 +13,28 @@ import importlib
 from .common.build_queries import *  # noqa: F401,F403 (Horovod's build queries)
 from .common.build_queries import __all__ as _BUILD_QUERIES
 from .common.errors import (
-    HvdplusError, NotInitializedError, ShutdownError, StalledError, TensorMismatchError,
+    HvdplusError,
+    NotInitializedError,
+    ShutdownError,
+    StalledError,
+    TensorMismatchError,
 )
 from .common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
-from .common.runtime import (
-    cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
-    mpi_built, mpi_enabled, mpi_threads_supported, rank, shutdown, size, start_timeline,
+from .engine.runtime import (
+    cross_rank,
+    cross_size,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    rank,
+    shutdown,
+    size,
+    start_timeline,
     stop_timeline,
 )
 from .version import __version__
@@ -26,7 +42,7 @@ from .version import __version__
 # Loaded on first use, because importing them imports mpi4py.MPI, which initializes MPI:
 # the launcher (`python -m hvdplus.runner`) must not do that.
 _LAZY = {
-    name: "hvdplus.comm.collectives"
+    name: "hvdplus.engine.collectives"
     for name in (
         "allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
         "barrier", "broadcast_object", "allgather_object", "grouped_allreduce", "join",

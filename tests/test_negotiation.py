@@ -3,9 +3,9 @@
 import pytest
 
 from hvdplus.common.errors import error_from_wire
-from hvdplus.common.negotiation import JOIN, NOT_WAITING, WAITING, Coordinator
 from hvdplus.common.reduce_ops import Sum
-from hvdplus.common.requests import Request
+from hvdplus.engine.negotiation import JOIN, NOT_WAITING, WAITING, Coordinator
+from hvdplus.engine.requests import Request
 
 
 def allreduce(name, shape=(4,), dtype="float32"):

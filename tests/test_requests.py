@@ -4,7 +4,7 @@ import pytest
 
 from hvdplus.common.errors import TensorMismatchError
 from hvdplus.common.reduce_ops import Max, Sum
-from hvdplus.common.requests import Request, check_agreement, describe_by_rank, input_error
+from hvdplus.engine.requests import Request, check_agreement, describe_by_rank, input_error
 
 
 def allreduce_request(shape=(2,), op=Sum, name="g"):

@@ -1,6 +1,7 @@
-"""The single communication layer: collectives on numpy arrays, shared by every adapter.
+"""Transport on numpy buffers over an explicit communicator.
 
-Nothing here imports a deep-learning framework; adapters hand in numpy views of their
-tensors' memory. `collectives` checks arguments across ranks and then calls an algorithm
-module such as `mpi_collectives`, which trusts its inputs.
+MPI wrappers, the ring and hierarchical algorithms, the node's shared-memory window, the
+single-copy reads of peers' memory, reduction kernels, topology and the choice among them
+(`algorithms.CollectiveAlgorithms`). Callers hand in checked, agreed buffers: argument
+checks and the agreement across ranks belong to `hvdplus.engine`.
 """

@@ -26,10 +26,11 @@ from ..common.dtypes import accumulation_dtype
 from ..common.reduce_ops import ReduceOp
 from . import mpi_collectives
 from .hierarchical import hierarchical_allreduce
+from .memory import same_memory
 from .output_pool import OutputPool
-from .reduction import same_memory
 from .ring import ring_allreduce
-from .shm import SharedWindow
+from .shared_window import SharedWindow
+from .single_copy import open_single_copy
 
 __all__ = ["CollectiveAlgorithms", "SMALL_BYTES"]
 
@@ -51,6 +52,9 @@ SHM_ALLGATHER_BYTES = 32 * 1024 * 1024
 # the window; 18 x 4 floats 252 against 580), else fuse through the window (40 x 20 KiB:
 # 0.24 ms against 0.37 ms one MPI call each).
 MPI_PER_ARRAY_BYTES = (SMALL_BYTES, 16 * 1024 * 1024)
+# From here up, reading the peers' buffers directly (single_copy) beats staging through the
+# shared window.
+SINGLE_COPY_BYTES = 1024 * 1024
 
 
 def _mpi_allreduce(comm, flat, op):
@@ -87,7 +91,9 @@ class CollectiveAlgorithms:
             )
         self.algorithm = algorithm
         local_size = topology.local_comm.Get_size()
-        self.window = SharedWindow(topology.local_comm, single_copy=single_copy) if local_size > 1 else None
+        self.window = SharedWindow(topology.local_comm) if local_size > 1 else None
+        # All-reduces on the node read the peers' buffers directly where the kernel allows it.
+        self.single_copy = open_single_copy(self.window, topology.local_comm) if single_copy and self.window else None
         self.outputs = OutputPool()
         # The engine's thread runs beside the training loop on the same cores: there, waiting
         # for a slower rank must yield the core, which only the shared window's barrier does.
@@ -119,6 +125,9 @@ class CollectiveAlgorithms:
             return output
         algorithm = algorithm or self.choose(source.nbytes)
         if algorithm == "shm":
+            if self.single_copy is not None and source.nbytes >= SINGLE_COPY_BYTES:
+                self.single_copy.allreduce_arrays([source], op, outputs=[output])
+                return output
             return self.window.allreduce(source, op, output)
         if algorithm == "mpi" and output is not source:
             self.comm.Allreduce(source, output, op=mpi_collectives.MPI_OPS[op])
@@ -181,7 +190,7 @@ class CollectiveAlgorithms:
         ones packed into one MPI call while under SMALL_BYTES together, the rest together
         through the shared window (all of them where it reads the peers' arrays directly).
         The split depends only on agreed sizes and the node's single-copy probe."""
-        low, high = MPI_PER_ARRAY_BYTES if self.window.single_copy is None else (math.inf, math.inf)
+        low, high = MPI_PER_ARRAY_BYTES if self.single_copy is None else (math.inf, math.inf)
         small, fused_sources, fused_targets = [], [], []
         for source, target in zip(sources, targets):
             if low <= source.nbytes <= high:
@@ -198,7 +207,12 @@ class CollectiveAlgorithms:
         else:
             fused_sources += [source for source, _ in small]
             fused_targets += [target for _, target in small]
-        if fused_sources:
+        if not fused_sources:
+            return
+        if (self.single_copy is not None and self.single_copy.fits(len(fused_sources))
+                and sum(source.nbytes for source in fused_sources) >= SINGLE_COPY_BYTES):
+            self.single_copy.allreduce_arrays(fused_sources, op, scale, fused_targets)
+        else:
             self.window.allreduce_arrays(fused_sources, op, scale, outputs=fused_targets)
 
     def _shared_window_for(self, nbytes: int, threshold: int = SMALL_BYTES):

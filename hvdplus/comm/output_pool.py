@@ -19,7 +19,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from .reduction import address_of
+from .memory import address_of
 
 __all__ = ["OutputPool"]
 

@@ -25,11 +25,11 @@ import sys
 from typing import List, Optional, Sequence
 
 import numpy as np
-
 from mpi4py import MPI
 
-from .reduction import UFUNCS, address_of
-from .shm import pieces_of
+from .memory import address_of
+from .pieces import pieces_of
+from .reduction import UFUNCS
 
 __all__ = ["SingleCopy", "open_single_copy"]
 

@@ -10,17 +10,42 @@ jax backends.
 
 import keras
 
-from ..common import runtime as _runtime
 from ..common.build_queries import *  # noqa: F401,F403 (Horovod's build queries)
-from ..common.errors import HvdplusError, NotInitializedError, ShutdownError, StalledError, TensorMismatchError
+from ..common.errors import (
+    HvdplusError,
+    NotInitializedError,
+    ShutdownError,
+    StalledError,
+    TensorMismatchError,
+)
 from ..common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
-from ..common.runtime import (
-    cross_rank, cross_size, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, rank, shutdown, size, start_timeline, stop_timeline,
+from ..engine import runtime as _runtime
+from ..engine.runtime import (
+    cross_rank,
+    cross_size,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    rank,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
 )
 from . import callbacks
 from .compression import Compression
-from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcast_object, reducescatter
+from .mpi_ops import (
+    allgather,
+    allgather_object,
+    allreduce,
+    broadcast,
+    broadcast_object,
+    reducescatter,
+)
 from .optimizer import DistributedOptimizer, distributed_class
 
 

@@ -5,8 +5,7 @@ import re
 import keras
 import numpy as np
 
-from ..comm import collectives
-from ..common import runtime
+from ..engine import collectives, runtime
 
 __all__ = [
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",

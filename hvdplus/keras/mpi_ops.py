@@ -4,8 +4,8 @@ that each backend runs inside its own training step."""
 import keras
 import numpy as np
 
-from ..comm import collectives
 from ..common.reduce_ops import Average, reduce_op_from
+from ..engine import collectives
 from . import backends
 from .compression import Compression
 

@@ -7,8 +7,8 @@ optimizer class that keeps its name and configuration, so `model.save` writes th
 optimizer and `hvdplus.keras.load_model` wraps it again.
 """
 
-from ..common import runtime
 from ..common.reduce_ops import Average, Sum
+from ..engine import runtime
 from .compression import Compression
 from .mpi_ops import allreduce_gradients
 

@@ -17,7 +17,7 @@ Eagerly, unnamed collectives are numbered by call order, as the core numbers the
 
 import tensorflow as tf
 
-from ..common import runtime
+from ..engine import runtime
 
 __all__ = ["collective_name", "what", "as_tensor", "run_on_host"]
 

@@ -34,12 +34,13 @@ Where TensorFlow 2.21's MirroredStrategy does not call these ops:
 """
 
 import tensorflow as tf
+
 # The helpers TensorFlow's own CrossDeviceOps use to place values and build Mirrored results.
 from tensorflow.python.distribute import cross_device_ops as tf_cross_device_ops
 from tensorflow.python.distribute import cross_device_utils
 
-from ..common import runtime
 from ..common.reduce_ops import Average, as_reduce_op
+from ..engine import runtime
 from .compression import Compression
 from .mpi_ops import broadcast, grouped_allreduce
 

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from ..comm import collectives
+from ..engine import collectives
 from .buffers import collective_name, run_on_host
 
 __all__ = ["broadcast_variables", "broadcast_object", "allgather_object"]

@@ -15,8 +15,8 @@ not sent: every rank must have the same ones.
 
 import tensorflow as tf
 
-from ..common import runtime
 from ..common.reduce_ops import Average, Sum, as_reduce_op
+from ..engine import runtime
 from .compression import Compression
 from .mpi_ops import grouped_allreduce
 

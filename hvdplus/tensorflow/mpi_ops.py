@@ -19,9 +19,8 @@ message.
 import numpy as np
 import tensorflow as tf
 
-from ..comm import collectives
-from ..common import runtime
 from ..common.reduce_ops import Average, Sum, as_reduce_op, reduce_op_from
+from ..engine import collectives, runtime
 from .buffers import as_tensor, collective_name, run_on_host, what
 from .compression import Compression
 
@@ -45,7 +44,7 @@ def _fail_everywhere(error, submitted, dtype=tf.float32):
 
 def _group_names(name, tensors):
     """What a group submits: one all-reduce `name` of its dense tensors packed together (see
-    hvdplus/comm/groups.py) and two allgathers for each IndexedSlices."""
+    hvdplus/engine/groups.py) and two allgathers for each IndexedSlices."""
     dense = sum(1 for t in tensors if not isinstance(t, tf.IndexedSlices))
     slices = len(tensors) - dense
     return ([("allreduce", name)] if dense else []) + (

@@ -1,6 +1,12 @@
 """`hvd.DistributedOptimizer` of Horovod's TensorFlow API: on TensorFlow 2.16+ every
 tf.keras optimizer is a Keras 3 optimizer, which hvdplus.keras wraps (its gradients are
-all-reduced in `apply`, inside the training step's tf.function)."""
+all-reduced in `apply`, inside the training step's tf.function).
+
+`hvdplus.keras` sits above this package (it serves TensorFlow as one of Keras' backends), so
+it is looked up by name when an optimizer is wrapped, and `import hvdplus.tensorflow` loads
+no Keras."""
+
+import importlib
 
 from ..common.reduce_ops import Average
 from .compression import Compression
@@ -16,11 +22,9 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     Horovod's argument order; `name`, `use_locking`, `device_dense` and `device_sparse` are
     accepted for it and mean nothing here. The rest are hvdplus.keras.DistributedOptimizer's.
     """
-    # Keras loads only when an optimizer is wrapped: `import hvdplus.tensorflow` stays light.
     import keras
 
-    from ..keras.optimizer import DistributedOptimizer as keras_distributed_optimizer
-
+    keras_distributed_optimizer = importlib.import_module("hvdplus.keras.optimizer").DistributedOptimizer
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             f"hvdplus.tensorflow.DistributedOptimizer wraps Keras optimizers (tf.keras.optimizers.*), "

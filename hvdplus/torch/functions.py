@@ -2,8 +2,7 @@
 
 import torch
 
-from ..comm import collectives
-from ..common import runtime
+from ..engine import collectives, runtime
 from .mpi_ops import broadcast_async_
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]

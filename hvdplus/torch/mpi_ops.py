@@ -8,11 +8,17 @@ suffix) have the result written straight back into it. `allreduce`, `allgather`,
 import numpy as np
 import torch
 
-from ..comm import collectives
-from ..common import runtime
-from ..common.handles import HandleGroup
 from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
-from .buffers import as_array, as_arrays, as_in_place_array, check_tensor, copy_back, to_tensor
+from ..engine import collectives, runtime
+from ..engine.handles import HandleGroup
+from .buffers import (
+    as_array,
+    as_arrays,
+    as_in_place_array,
+    check_tensor,
+    copy_back,
+    to_tensor,
+)
 from .compression import Compression
 
 __all__ = [

@@ -17,9 +17,9 @@ import warnings
 import numpy as np
 import torch
 
-from ..common import runtime
 from ..common.errors import HvdplusError
 from ..common.reduce_ops import Average, Sum
+from ..engine import runtime
 from .compression import Compression
 from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
 

@@ -14,8 +14,8 @@ In eval mode with running statistics, the layer is a plain local batch norm.
 
 import torch
 
-from ..common import runtime
 from ..common.reduce_ops import Sum
+from ..engine import runtime
 from .mpi_ops import allreduce
 
 __all__ = ["SyncBatchNorm"]

@@ -15,8 +15,8 @@ from hvdplus.comm.hierarchical import hierarchical_allreduce
 from hvdplus.comm.mpi_collectives import MPI_OPS
 from hvdplus.comm.reduction import UFUNCS
 from hvdplus.comm.ring import ring_allgather, ring_allreduce, ring_reducescatter
-from hvdplus.comm.shm import SharedWindow
-from hvdplus.common.runtime import current
+from hvdplus.comm.shared_window import SharedWindow
+from hvdplus.engine.runtime import current
 
 DTYPES = ["float32", "float64", "int8", "int32", "int64", "uint8"]
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
@@ -54,7 +54,7 @@ def run_hierarchical_over_mpi(flat, op):
 
 # A second window whose chunks hold 40 bytes: many chunks per buffer, so the double
 # buffering of segments is exercised. Created while every rank imports this module.
-TINY_CHUNK_WINDOW = SharedWindow(current().topology.local_comm, chunk_bytes=40, single_copy=False)
+TINY_CHUNK_WINDOW = SharedWindow(current().topology.local_comm, chunk_bytes=40)
 
 
 def run_shm(flat, op):
@@ -255,15 +255,15 @@ def test_fused_batch_of_mixed_sizes_on_one_node(op, rank, size):
 def test_single_copy_reads_peers_arrays_directly(op, in_place, rank, size):
     """Arrays of assorted sizes, some spanning several scratch steps and rank slices,
     reduced by reading the peers' memory; scaled like an Average."""
-    window = current().algorithms.window
-    if window is None or window.single_copy is None:
+    single_copy = current().algorithms.single_copy
+    if single_copy is None:
         pytest.skip("no peers, or the kernel refuses process_vm_readv here")
     lengths = [5, 0, 300_001, 1, 17, 0, 140_000, 2]
     arrays = [rank_values("float64", (n,), rank, 90 + i, -2, 2) for i, n in enumerate(lengths)]
     expected = [expected_reduction("float64", n, 90 + i, op, size, -2, 2) * 0.5 for i, n in enumerate(lengths)]
     outputs = arrays if in_place else [np.full_like(a, np.nan) for a in arrays]
     inputs = [a.copy() for a in arrays]
-    window.single_copy.allreduce_arrays(arrays, op, 0.5, None if in_place else outputs)
+    single_copy.allreduce_arrays(arrays, op, 0.5, None if in_place else outputs)
     for output, want in zip(outputs, expected):
         np.testing.assert_allclose(output, want, rtol=1e-12)
     if not in_place:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import hvdplus as hvd
-from hvdplus.common.runtime import current
+from hvdplus.engine.runtime import current
 from conftest import rank_values
 
 DTYPES = ["float32", "float64", "int32", "float16"]

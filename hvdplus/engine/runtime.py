@@ -11,8 +11,8 @@ import os
 import sys
 from typing import Optional, Sequence, Union
 
-from .errors import NotInitializedError
-from .settings import Settings, overlaps_compute
+from ..common.errors import NotInitializedError
+from ..common.settings import Settings, overlaps_compute
 
 __all__ = [
     "init", "shutdown", "is_initialized", "current",
@@ -69,7 +69,7 @@ def init(comm: Union[None, "object", Sequence[int]] = None) -> None:
         os.environ.setdefault("OMPI_MCA_osc", "^ucx")
     from mpi4py import MPI
 
-    from .topology import build_topology
+    from ..comm.topology import build_topology
 
     settings = Settings.from_env()
     base = _communicator(MPI, comm)

@@ -9,12 +9,12 @@ import math
 
 import numpy as np
 
+from ..comm import mpi_collectives
 from ..common.dtypes import accumulation_dtype, dtype_name, itemsize_of
-from ..common.fusion import AVERAGED_WHILE_PACKING
 from ..common.reduce_ops import ReduceOp
-from ..common.timeline import now_us
-from . import mpi_collectives
+from .fusion import AVERAGED_WHILE_PACKING
 from .groups import Members, reduced_member_wise
+from .timeline import now_us
 
 __all__ = ["JOINED", "execute_batch"]
 

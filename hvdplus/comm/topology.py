@@ -9,7 +9,7 @@ import dataclasses
 
 from mpi4py import MPI
 
-from .settings import Settings
+from ..common.settings import Settings
 
 __all__ = ["Topology", "build_topology"]
 

@@ -3,19 +3,19 @@
 Many small all-reduces cost many latencies; one all-reduce of their concatenation costs
 one. All-reduces that share dtype, op and scale factors are packed, in the order they
 became ready, into batches of at most the fusion threshold (a grouped all-reduce arrives
-already packed as one array, see hvdplus/comm/groups.py).
+already packed as one array, see hvdplus/engine/groups.py).
 """
 
 import math
 
 import numpy as np
 
-from .dtypes import accumulation_dtype
+from ..common.dtypes import accumulation_dtype
 
 __all__ = ["AVERAGED_WHILE_PACKING", "fusion_key", "fused_nbytes", "FusionBuffer"]
 
 # The agreed mark of an Average whose 1/size every rank applied as it packed its tensors,
-# so that the sum is already the average (see hvdplus/comm/groups.py).
+# so that the sum is already the average (see hvdplus/engine/groups.py).
 AVERAGED_WHILE_PACKING = "averaged while packing"
 
 

@@ -20,7 +20,7 @@ import dataclasses
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import error_to_wire
+from ..common.errors import error_to_wire
 from .fusion import fused_nbytes, fusion_key
 from .requests import Request, check_agreement
 

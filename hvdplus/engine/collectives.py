@@ -9,14 +9,13 @@ becomes that rank's error on every rank. The job goes on with later operations.
 
 from typing import Callable, Optional, Tuple
 
-from ..common import runtime
 from ..common.dtypes import dtype_name
-from ..common.handles import HandleGroup
-from ..common.negotiation import JOIN
 from ..common.reduce_ops import ReduceOp
-from ..common.requests import Request, input_error
-from . import arguments
+from . import arguments, runtime
 from .groups import grouped_request
+from .handles import HandleGroup
+from .negotiation import JOIN
+from .requests import Request, input_error
 
 __all__ = [
     "input_error_async", "grouped_input_error_async", "allreduce_async", "grouped_allreduce_async", "allgather_async", "broadcast_async",

@@ -8,7 +8,7 @@ mix-up. The synchronous path exchanges requests per call; the engine batches the
 import dataclasses
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from .errors import TensorMismatchError, input_error_class
+from ..common.errors import TensorMismatchError, input_error_class
 
 __all__ = ["Request", "input_error", "check_agreement", "describe_by_rank"]
 

@@ -35,13 +35,13 @@ supported type except int64 values beyond 2**53.
 
 import numpy as np
 
+from ..comm.memory import same_memory
+from ..comm.output_pool import ALIGNMENT
 from ..common.dtypes import accumulation_dtype, dtype_name
-from ..common.fusion import AVERAGED_WHILE_PACKING
 from ..common.reduce_ops import ReduceOp
-from ..common.requests import Request
 from . import arguments
-from .output_pool import ALIGNMENT
-from .reduction import same_memory
+from .fusion import AVERAGED_WHILE_PACKING
+from .requests import Request
 
 __all__ = ["Members", "grouped_request", "reduced_member_wise"]
 
@@ -153,7 +153,7 @@ def _member_wise(members, outputs, starts, packed_size, pool):
 def _average_while_packing(agree, size: int) -> bool:
     """Whether a packed group's Average is applied while packing: over a power of two of
     ranks, for floating members packed without conversion. Agreed values only, so every
-    rank decides alike; the engine then sums (batches.fused_allreduce)."""
+    rank decides alike; the engine then sums (executor.fused_allreduce)."""
     return (agree["reduce ops"] == ReduceOp.AVERAGE and size > 1 and size & (size - 1) == 0
             and np.dtype(agree["dtypes"]).kind == "f"
             and all(name == agree["dtypes"] for name in agree["member dtypes"]))

@@ -21,7 +21,6 @@ the core from this rank's own backward pass. It relies on x86's ordering of stor
 written before a counter is visible before it); elsewhere MPI_Barrier is used.
 """
 
-import bisect
 import itertools
 import os
 import platform
@@ -31,7 +30,9 @@ from typing import List
 import numpy as np
 from mpi4py import MPI
 
-from .reduction import UFUNCS, same_memory
+from .memory import same_memory
+from .pieces import pieces_of
+from .reduction import UFUNCS
 
 __all__ = ["SharedWindow"]
 
@@ -42,9 +43,6 @@ HEADER_BYTES = 64
 # A barrier yields the core this many times (about a millisecond when nothing else runs),
 # then sleeps between looks: a peer that is still computing may take much longer.
 _YIELDS_BEFORE_SLEEP = 2000
-# Reading the peers' buffers directly (single_copy) beats staging through the window from
-# about here (2 ranks: 16 MiB 2.8 ms against 3.9; 800 KiB in 20 KiB arrays 0.54 against 0.24).
-SINGLE_COPY_BYTES = 1024 * 1024
 _SLEEP_S = 50e-6
 _STORES_ARE_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
@@ -52,7 +50,7 @@ _STORES_ARE_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", 
 class SharedWindow:
     """A node's shared segments, allocated once per communicator (collective on it)."""
 
-    def __init__(self, local_comm, chunk_bytes: int = CHUNK_BYTES, single_copy: bool = True):
+    def __init__(self, local_comm, chunk_bytes: int = CHUNK_BYTES):
         self.comm = local_comm
         self.rank = local_comm.Get_rank()
         self.size = local_comm.Get_size()
@@ -64,11 +62,6 @@ class SharedWindow:
         self._counters[self.rank][0] = 0
         self._arrivals = 0
         local_comm.Barrier()  # every counter is zero before anyone counts
-        # All-reduces read the peers' buffers directly where the kernel allows it.
-        self.single_copy = None
-        if single_copy and self.size > 1:
-            from .single_copy import open_single_copy
-            self.single_copy = open_single_copy(self, local_comm)
 
     def barrier(self) -> None:
         """Return once every rank of the node has called barrier() as often as this one."""
@@ -136,9 +129,6 @@ class SharedWindow:
             if output is not source:
                 output[...] = source
             return output
-        if self.single_copy is not None and source.nbytes >= SINGLE_COPY_BYTES:
-            self.single_copy.allreduce_arrays([source], op, outputs=[output])
-            return output
         segments = self.segments(source.dtype)
         n = self.size
         for base, start, stop in self._chunks(source.size, source.itemsize):
@@ -159,15 +149,11 @@ class SharedWindow:
     def allreduce_arrays(self, arrays: List[np.ndarray], op, scale: float = 1.0, outputs=None) -> None:
         """Reduce each of several flat arrays of one dtype into `outputs` (default: in
         place), as if they were one buffer, without packing them into one: the shared
-        segments (or the peers' arrays themselves, see single_copy) are the only staging
-        area, so a fused batch of gradients costs no copy in or out of a fusion buffer.
+        segments are the only staging area, so a fused batch of gradients costs no copy in
+        or out of a fusion buffer.
 
         `scale` multiplies the result (Average's 1/size, a postscale factor): each rank
         scales only its own slice before publishing it, rather than everyone everything."""
-        if (self.single_copy is not None and arrays and self.single_copy.fits(len(arrays))
-                and sum(a.nbytes for a in arrays) >= SINGLE_COPY_BYTES):
-            self.single_copy.allreduce_arrays(arrays, op, scale, outputs)
-            return
         if outputs is not None:
             for array, output in zip(arrays, outputs):
                 if not same_memory(output, array):
@@ -244,15 +230,3 @@ class SharedWindow:
         self.barrier()
         return output
 
-
-def pieces_of(arrays, ends, lo, hi):
-    """(index, start, stop, position) for the parts of arrays that cover positions lo:hi of
-    their concatenation; `ends[i]` is where array i ends in it."""
-    index = bisect.bisect_right(ends, lo)
-    while lo < hi and index < len(arrays):
-        begin = ends[index] - arrays[index].size
-        stop = min(hi, ends[index])
-        if stop > lo:
-            yield index, lo - begin, stop - begin, lo
-        lo = stop
-        index += 1

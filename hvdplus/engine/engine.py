@@ -27,8 +27,8 @@ from typing import Any, Deque, Dict, List, Optional
 
 from mpi4py import MPI
 
-from ..comm.batches import JOINED, execute_batch
-from .errors import HvdplusError, ShutdownError, StalledError, error_from_wire
+from ..common.errors import HvdplusError, ShutdownError, StalledError, error_from_wire
+from .executor import JOINED, execute_batch
 from .fusion import FusionBuffer
 from .handles import Handle
 from .negotiation import JOIN, NOT_WAITING, SHUTDOWN, WAITING, Batch, Coordinator
