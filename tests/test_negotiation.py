@@ -4,14 +4,15 @@ import pytest
 
 from hvdplus.common.errors import error_from_wire
 from hvdplus.common.reduce_ops import Sum
-from hvdplus.engine.negotiation import JOIN, NOT_WAITING, WAITING, Coordinator
-from hvdplus.engine.requests import Request
+from hvdplus.engine.negotiation import Coordinator
+from hvdplus.engine.protocol import Agreement, Collective, Outcome, Request, Token
+
+JOIN, WAITING, NOT_WAITING = Token.JOIN, Token.WAITING, Token.NOT_WAITING
 
 
 def allreduce(name, shape=(4,), dtype="float32"):
-    agree = {"dtypes": dtype, "shapes": shape, "reduce ops": Sum,
-             "prescale factors": 1.0, "postscale factors": 1.0}
-    return Request("allreduce", name, agree)
+    agree = Agreement(dtype=dtype, shape=shape, reduce_op=Sum, prescale=1.0, postscale=1.0)
+    return Request(Collective.ALLREDUCE, name, agree)
 
 
 def coordinator(size=2, threshold=1 << 20, cache=16, clock=lambda: 0.0):
@@ -108,13 +109,13 @@ def test_joined_ranks_count_as_ready_and_join_completes_with_the_last_rank():
     c.add(2, [JOIN])
     c.add(0, [JOIN])
     (done,) = c.take_batches()
-    assert done.kind == "join_done" and done.value == 0
+    assert done.kind is Outcome.JOIN_DONE and done.value == 0
 
 
 def test_alltoall_cannot_run_while_a_rank_has_joined():
     c = coordinator()
     c.add(1, [JOIN])
-    c.add(0, [Request("alltoall", "x", {"dtypes": "float32", "trailing dimensions": ()}, {"splits": [1, 1]})])
+    c.add(0, [Request(Collective.ALLTOALL, "x", Agreement(dtype="float32", trailing_shape=()), splits=(1, 1))])
     (batch,) = c.take_batches()
     assert "cannot run while ranks [1] have joined" in batch.error[1]
 

@@ -4,11 +4,12 @@ import pytest
 
 from hvdplus.common.errors import TensorMismatchError
 from hvdplus.common.reduce_ops import Max, Sum
-from hvdplus.engine.requests import Request, check_agreement, describe_by_rank, input_error
+from hvdplus.engine.protocol import Agreement, Collective, Request
+from hvdplus.engine.requests import check_agreement, describe_by_rank, input_error
 
 
 def allreduce_request(shape=(2,), op=Sum, name="g"):
-    return Request("allreduce", name, {"dtypes": "float32", "shapes": shape, "reduce ops": op})
+    return Request(Collective.ALLREDUCE, name, Agreement(dtype="float32", shape=shape, reduce_op=op))
 
 
 def test_agreeing_requests_pass():
@@ -33,8 +34,26 @@ def test_different_names_or_kinds():
 def test_input_errors_keep_their_type_and_name_every_failing_rank():
     requests = [
         allreduce_request(),
-        input_error("allreduce", "g", TypeError("bad dtype")),
-        input_error("allreduce", "g", ValueError("bad shape")),
+        input_error(Collective.ALLREDUCE, "g", TypeError("bad dtype")),
+        input_error(Collective.ALLREDUCE, "g", ValueError("bad shape")),
     ]
     with pytest.raises(TypeError, match="rank 1: bad dtype; rank 2: bad shape"):
         check_agreement(requests)
+
+
+def test_a_group_against_a_single_tensor_names_the_members():
+    group = Request(Collective.ALLREDUCE, "g", Agreement(member_dtypes=("float32",), member_shapes=((2,),),
+                                                         in_place=True, dtype="float32", shape=(2,), reduce_op=Sum))
+    with pytest.raises(TensorMismatchError, match=r"Mismatched member dtypes for 'g' \(allreduce\): "
+                                                  r"rank 0 had None, rank 1 had \('float32',\)"):
+        check_agreement([allreduce_request(), group])
+
+
+def test_a_mismatch_in_members_is_reported_before_the_packed_length():
+    def group(shapes):
+        return Request(Collective.ALLREDUCE, "g", Agreement(
+            member_dtypes=("float32",) * len(shapes), member_shapes=shapes, dtype="float32",
+            shape=(sum(s[0] for s in shapes),), reduce_op=Sum))
+
+    with pytest.raises(TensorMismatchError, match=r"Mismatched member shapes .*rank 0 had \(\(2,\), \(3,\)\)"):
+        check_agreement([group(((2,), (3,))), group(((3,), (3,)))])

@@ -14,8 +14,8 @@ from ..common.reduce_ops import ReduceOp
 from . import arguments, runtime
 from .groups import grouped_request
 from .handles import HandleGroup
-from .negotiation import JOIN
-from .requests import Request, input_error
+from .protocol import Agreement, Collective, Request
+from .requests import input_error
 
 __all__ = [
     "input_error_async", "grouped_input_error_async", "allreduce_async", "grouped_allreduce_async", "allgather_async", "broadcast_async",
@@ -25,12 +25,12 @@ __all__ = [
 ]
 
 
-def _submit(kind: str, name: Optional[str], plan: Callable[[str], Tuple[Request, object]]):
+def _submit(kind: Collective, name: Optional[str], plan: Callable[[str], Tuple[Request, object]]):
     """Describe the call with `plan(name)` and hand it to the engine.
 
     An argument error is not raised here: it is submitted, so that every rank raises it."""
     live = runtime.current(f"{kind}()")
-    name = live.name_for(kind, name)
+    name = live.name_for(kind.value, name)
     try:
         request, payload = plan(name)
     except (TypeError, ValueError) as exc:
@@ -39,13 +39,14 @@ def _submit(kind: str, name: Optional[str], plan: Callable[[str], Tuple[Request,
 
 
 def input_error_async(kind: str, name: Optional[str], error: Exception):
-    """Submit an argument error an adapter found, so that every rank raises it at synchronize
-    (raising it on this rank alone would leave the others waiting for this rank's tensor)."""
+    """Submit an argument error an adapter found in a call of collective `kind` ("allreduce",
+    ...), so that every rank raises it at synchronize (raising it on this rank alone would
+    leave the others waiting for this rank's tensor)."""
 
     def plan(name):
         raise error
 
-    return _submit(kind, name, plan)
+    return _submit(Collective(kind), name, plan)
 
 
 def grouped_input_error_async(name: Optional[str], error: Exception):
@@ -61,12 +62,11 @@ def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, output=N
         data = arguments.as_array(array, what)
         if output is not None:
             arguments.check_output(output, data, what)
-        if kind == "reducescatter":
+        if kind is Collective.REDUCESCATTER:
             arguments.check_has_rows(data, what)
         op_, pre, post = arguments.reduction_arguments(data, op, prescale_factor, postscale_factor, what)
-        agree = {"dtypes": dtype_name(data.dtype), "shapes": data.shape, "reduce ops": op_,
-                 "prescale factors": pre, "postscale factors": post}
-        return Request(kind, name, agree), ((data, output) if kind == "allreduce" else data)
+        agree = Agreement(dtype=dtype_name(data.dtype), shape=data.shape, reduce_op=op_, prescale=pre, postscale=post)
+        return Request(kind, name, agree), ((data, output) if kind is Collective.ALLREDUCE else data)
 
     return plan
 
@@ -75,8 +75,8 @@ def _allgather_plan(array):
     def plan(name):
         data = arguments.as_array(array, f"allgather '{name}'")
         arguments.check_has_rows(data, f"allgather '{name}'")
-        agree = {"dtypes": dtype_name(data.dtype), "trailing dimensions": data.shape[1:]}
-        return Request("allgather", name, agree, local={"rows": data.shape[0]}), data
+        agree = Agreement(dtype=dtype_name(data.dtype), trailing_shape=data.shape[1:])
+        return Request(Collective.ALLGATHER, name, agree, rows=data.shape[0]), data
 
     return plan
 
@@ -86,7 +86,8 @@ def _broadcast_plan(array, root_rank):
         what = f"broadcast '{name}'"
         data = arguments.as_array(array, what)
         root = arguments.check_root_rank(root_rank, runtime.size(), what)
-        return Request("broadcast", name, {"root ranks": root, "dtypes": dtype_name(data.dtype), "shapes": data.shape}), data
+        agree = Agreement(root_rank=root, dtype=dtype_name(data.dtype), shape=data.shape)
+        return Request(Collective.BROADCAST, name, agree), data
 
     return plan
 
@@ -97,8 +98,8 @@ def _alltoall_plan(array, splits):
         data = arguments.as_array(array, what)
         arguments.check_has_rows(data, what)
         send = arguments.alltoall_splits(data, splits, runtime.size(), what)
-        agree = {"dtypes": dtype_name(data.dtype), "trailing dimensions": data.shape[1:]}
-        return Request("alltoall", name, agree, local={"splits": send}), data
+        agree = Agreement(dtype=dtype_name(data.dtype), trailing_shape=data.shape[1:])
+        return Request(Collective.ALLTOALL, name, agree, splits=tuple(send)), data
 
     return plan
 
@@ -115,7 +116,7 @@ def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outp
             group, arrays, outputs, op, prescale_factor, postscale_factor, live.algorithms.outputs,
             in_shared_memory=live.algorithms.engine_algorithm == "shm", size=live.algorithms.size)
     except (TypeError, ValueError) as exc:  # submitted, so that every rank raises it
-        request, payload, finish = input_error("allreduce", group, exc), None, None
+        request, payload, finish = input_error(Collective.ALLREDUCE, group, exc), None, None
     return live.engine.submit(request, payload, finish)
 
 
@@ -127,8 +128,8 @@ def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, 
     (a C-contiguous, writeable array of the same shape and dtype, possibly `array` itself)
     the result is written there, and the handle's result is `output`.
     """
-    plan = _reduction_plan("allreduce", array, op, prescale_factor, postscale_factor, output=output)
-    return _submit("allreduce", name, plan)
+    plan = _reduction_plan(Collective.ALLREDUCE, array, op, prescale_factor, postscale_factor, output=output)
+    return _submit(Collective.ALLREDUCE, name, plan)
 
 
 def grouped_allreduce_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
@@ -141,25 +142,25 @@ def grouped_allreduce_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_fac
 def reducescatter_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
     """Start a reduction of `array` of which rank r keeps block r of the rows (the first
     `dim0 % size` ranks get one row more)."""
-    return _submit("reducescatter", name,
-                   _reduction_plan("reducescatter", array, op, prescale_factor, postscale_factor))
+    return _submit(Collective.REDUCESCATTER, name,
+                   _reduction_plan(Collective.REDUCESCATTER, array, op, prescale_factor, postscale_factor))
 
 
 def allgather_async(array, name=None):
     """Start concatenating every rank's `array` along the first dimension (which may differ)."""
-    return _submit("allgather", name, _allgather_plan(array))
+    return _submit(Collective.ALLGATHER, name, _allgather_plan(array))
 
 
 def broadcast_async(array, root_rank=0, name=None):
     """Start giving every rank `root_rank`'s `array` (the others' give shape and dtype)."""
-    return _submit("broadcast", name, _broadcast_plan(array, root_rank))
+    return _submit(Collective.BROADCAST, name, _broadcast_plan(array, root_rank))
 
 
 def alltoall_async(array, splits=None, name=None):
     """Start sending rows `splits[r]` of `array` to rank r (even split when None).
 
     The result is (received rows in rank order, rows received from each rank)."""
-    return _submit("alltoall", name, _alltoall_plan(array, splits))
+    return _submit(Collective.ALLTOALL, name, _alltoall_plan(array, splits))
 
 
 def poll(handle) -> bool:
@@ -176,8 +177,8 @@ def synchronize(handle):
 
 def allreduce(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
     """Elementwise reduction of `array` over all ranks; every rank gets the result."""
-    plan = _reduction_plan("allreduce", array, op, prescale_factor, postscale_factor)
-    return _submit("allreduce", name, plan).wait()
+    plan = _reduction_plan(Collective.ALLREDUCE, array, op, prescale_factor, postscale_factor)
+    return _submit(Collective.ALLREDUCE, name, plan).wait()
 
 
 def grouped_allreduce(arrays, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
@@ -187,28 +188,28 @@ def grouped_allreduce(arrays, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscal
 
 def reducescatter(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
     """Reduce `array` over all ranks; rank r keeps block r of the rows."""
-    plan = _reduction_plan("reducescatter", array, op, prescale_factor, postscale_factor)
-    return _submit("reducescatter", name, plan).wait()
+    plan = _reduction_plan(Collective.REDUCESCATTER, array, op, prescale_factor, postscale_factor)
+    return _submit(Collective.REDUCESCATTER, name, plan).wait()
 
 
 def allgather(array, name=None):
     """Concatenate every rank's `array` along the first dimension, which may differ per rank."""
-    return _submit("allgather", name, _allgather_plan(array)).wait()
+    return _submit(Collective.ALLGATHER, name, _allgather_plan(array)).wait()
 
 
 def broadcast(array, root_rank=0, name=None):
     """Every rank gets `root_rank`'s `array`."""
-    return _submit("broadcast", name, _broadcast_plan(array, root_rank)).wait()
+    return _submit(Collective.BROADCAST, name, _broadcast_plan(array, root_rank)).wait()
 
 
 def alltoall(array, splits=None, name=None):
     """Rows `splits[r]` of `array` go to rank r; returns (received rows, rows from each rank)."""
-    return _submit("alltoall", name, _alltoall_plan(array, splits)).wait()
+    return _submit(Collective.ALLTOALL, name, _alltoall_plan(array, splits)).wait()
 
 
 def barrier(name=None):
     """Return once every rank has called barrier()."""
-    _submit("barrier", name, lambda name: (Request("barrier", name), None)).wait()
+    _submit(Collective.BARRIER, name, lambda name: (Request(Collective.BARRIER, name), None)).wait()
 
 
 def broadcast_object(obj=None, root_rank=0, name=None):
@@ -216,14 +217,14 @@ def broadcast_object(obj=None, root_rank=0, name=None):
 
     def plan(name):
         root = arguments.check_root_rank(root_rank, runtime.size(), f"broadcast_object '{name}'")
-        return Request("broadcast_object", name, {"root ranks": root}), obj
+        return Request(Collective.BROADCAST_OBJECT, name, Agreement(root_rank=root)), obj
 
-    return _submit("broadcast_object", name, plan).wait()
+    return _submit(Collective.BROADCAST_OBJECT, name, plan).wait()
 
 
 def allgather_object(obj, name=None):
     """The list of every rank's picklable `obj`, in rank order."""
-    return _submit("allgather_object", name, lambda name: (Request("allgather_object", name), obj)).wait()
+    return _submit(Collective.ALLGATHER_OBJECT, name, lambda name: (Request(Collective.ALLGATHER_OBJECT, name), obj)).wait()
 
 
 def join() -> int:
@@ -234,4 +235,4 @@ def join() -> int:
     size(), joined ranks included. Returns the rank that joined last.
     """
     live = runtime.current("join()")
-    return live.engine.submit(Request(JOIN, "__join__"), None).wait()
+    return live.engine.submit(Request(Collective.JOIN, "__join__"), None).wait()

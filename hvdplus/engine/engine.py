@@ -31,8 +31,8 @@ from ..common.errors import HvdplusError, ShutdownError, StalledError, error_fro
 from .executor import JOINED, execute_batch
 from .fusion import FusionBuffer
 from .handles import Handle
-from .negotiation import JOIN, NOT_WAITING, SHUTDOWN, WAITING, Batch, Coordinator
-from .requests import Request
+from .negotiation import Coordinator
+from .protocol import Batch, Collective, Outcome, Request, Token
 from .timeline import Timeline, now_us
 
 __all__ = ["Entry", "Engine"]
@@ -245,14 +245,14 @@ class Engine:
         if self.coordinator is not None:
             self.coordinator.add(0, outgoing)
             if self._waiters:
-                self.coordinator.add(0, [WAITING])
+                self.coordinator.add(0, [Token.WAITING])
             else:
                 self.coordinator.waiting.discard(0)
             self._receive_requests()
             batches = self.coordinator.take_batches()
             batches += self._stall_batches()
             if self.coordinator.shutdown_ranks:
-                batches.append(Batch("shutdown", value=min(self.coordinator.shutdown_ranks)))
+                batches.append(Batch(Outcome.SHUTDOWN, value=min(self.coordinator.shutdown_ranks)))
             if batches:
                 wire = [batch.known_ids or batch for batch in batches]
                 sends = [self.control_comm.isend(wire, dest=worker, tag=_RESPONSE_TAG)
@@ -287,15 +287,15 @@ class Engine:
         if self.coordinator is None and waiting != self._told_waiting:
             # Rank 0 hears that this rank waits (or no longer does) before its new requests.
             self._told_waiting = waiting
-            outgoing.insert(0, WAITING if waiting else NOT_WAITING)
+            outgoing.insert(0, Token.WAITING if waiting else Token.NOT_WAITING)
         if stop:
-            outgoing.append(SHUTDOWN)
+            outgoing.append(Token.SHUTDOWN)
         return outgoing
 
     def _outgoing_item(self, entry: Entry):
         """The request itself, or its response-cache id when it is unchanged since agreed."""
-        if entry.request.kind == JOIN:
-            return JOIN
+        if entry.request.kind is Collective.JOIN:
+            return Token.JOIN
         cached = self._cache.get(entry.name)
         if cached is not None and cached[0] == entry.request:
             return cached[1]
@@ -307,7 +307,7 @@ class Engine:
         if isinstance(item, Batch):
             return item
         known = [self._known[cache_id] for cache_id in item]
-        return Batch("allreduce", [name for name, _ in known], requests=[request for _, request in known])
+        return Batch(Collective.ALLREDUCE, [name for name, _ in known], requests=[request for _, request in known])
 
     def _receive_requests(self) -> None:
         if self.size == 1:
@@ -351,16 +351,16 @@ class Engine:
         return False
 
     def _run_batch(self, batch: Batch) -> bool:
-        if batch.kind == "shutdown":
+        if batch.kind is Outcome.SHUTDOWN:
             self._fail_everything(ShutdownError(
                 f"hvdplus was shut down (first by rank {batch.value}) before this operation "
                 "completed on every rank"
             ))
             return True
-        if batch.kind == "stalled":
+        if batch.kind is Outcome.STALLED:
             self._fail_everything(StalledError(batch.value))
             return True
-        if batch.kind == "join_done":
+        if batch.kind is Outcome.JOIN_DONE:
             self._complete("__join__", batch.value)
             return False
         entries = [self._in_flight.get(name) for name in batch.names]
@@ -387,7 +387,7 @@ class Engine:
         start = now_us()
         for entry in entries:
             if entry is not None:
-                self.timeline.span(entry.name, "NEGOTIATE_" + batch.kind.upper(), entry.submitted_us, start)
+                self.timeline.span(entry.name, "NEGOTIATE_" + batch.kind.value.upper(), entry.submitted_us, start)
 
     def _complete(self, name, result=None, error=None) -> None:
         with self._lock:
@@ -434,7 +434,7 @@ class Engine:
         sys.stderr.flush()
         limit = self.settings.stall_shutdown_seconds
         if limit > 0 and any(age >= limit for *_, age in stalled):
-            return [Batch("stalled", value=message + f"\nshutting down after {limit:.0f} s")]
+            return [Batch(Outcome.STALLED, value=message + f"\nshutting down after {limit:.0f} s")]
         return []
 
     def _finish_shutdown(self) -> None:
@@ -443,7 +443,7 @@ class Engine:
         if self.coordinator is None:
             if not self._shutdown_sent:
                 self._shutdown_sent = True
-                self._sends.append(self.control_comm.isend([SHUTDOWN], dest=0, tag=_REQUEST_TAG))
+                self._sends.append(self.control_comm.isend([Token.SHUTDOWN], dest=0, tag=_REQUEST_TAG))
         else:
             deadline = time.monotonic() + _SHUTDOWN_WAIT_S
             while len(self.coordinator.shutdown_ranks | {0}) < self.size and time.monotonic() < deadline:

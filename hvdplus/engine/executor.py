@@ -12,8 +12,8 @@ import numpy as np
 from ..comm import mpi_collectives
 from ..common.dtypes import accumulation_dtype, dtype_name, itemsize_of
 from ..common.reduce_ops import ReduceOp
-from .fusion import AVERAGED_WHILE_PACKING
 from .groups import Members, reduced_member_wise
+from .protocol import Collective
 from .timeline import now_us
 
 __all__ = ["JOINED", "execute_batch"]
@@ -28,7 +28,7 @@ def _placeholder_bytes(dtype_name: str, shape) -> np.ndarray:
 
 
 def _zeros_to_reduce(request) -> np.ndarray:
-    return np.zeros(request.agree["shapes"], dtype=accumulation_dtype(request.agree["dtypes"]))
+    return np.zeros(request.agree.shape, dtype=accumulation_dtype(request.agree.dtype))
 
 
 def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
@@ -37,8 +37,8 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
     A payload is (array, output or None), or JOINED on a rank that has joined."""
     agree = batch.requests[0].agree
     # Fused batches share the mark (see fusion_key): their Average is then a plain sum.
-    op = ReduceOp.SUM if AVERAGED_WHILE_PACKING in agree else agree["reduce ops"]
-    scaling = (op, agree["prescale factors"], agree["postscale factors"])
+    op = ReduceOp.SUM if agree.averaged_while_packing else agree.reduce_op
+    scaling = (op, agree.prescale, agree.postscale)
     # The path depends on agreed values only: every rank must run the same algorithm.
     if _reducible_in_place(algorithms, agree):
         return _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline)
@@ -50,8 +50,8 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
         if timeline is not None:
             timeline.span(batch.names[0], "ALLREDUCE", start, now_us(), bytes=int(result.nbytes))
         return [result]
-    counts = [math.prod(r.agree["shapes"]) for r in batch.requests]
-    flat = fusion_buffer.view(accumulation_dtype(agree["dtypes"]), sum(counts))
+    counts = [math.prod(r.agree.shape) for r in batch.requests]
+    flat = fusion_buffer.view(accumulation_dtype(agree.dtype), sum(counts))
     start = now_us()
     offset = 0
     for payload, count in zip(payloads, counts):
@@ -62,7 +62,7 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
     reduced = now_us()
     results, offset = [], 0
     for payload, count, request in zip(payloads, counts, batch.requests):
-        piece = flat[offset:offset + count].reshape(request.agree["shapes"])
+        piece = flat[offset:offset + count].reshape(request.agree.shape)
         offset += count
         if payload is JOINED:
             results.append(None)
@@ -83,8 +83,8 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
 def _reducible_in_place(algorithms, agree) -> bool:
     """On one node, tensors already in their accumulation dtype and not prescaled are
     reduced where they lie (or in their output) instead of through the fusion buffer."""
-    return (algorithms.engine_algorithm == "shm" and agree["prescale factors"] == 1.0
-            and dtype_name(accumulation_dtype(agree["dtypes"])) == agree["dtypes"])
+    return (algorithms.engine_algorithm == "shm" and agree.prescale == 1.0
+            and dtype_name(accumulation_dtype(agree.dtype)) == agree.dtype)
 
 
 def _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline):
@@ -126,45 +126,43 @@ def _joined_zeros(request):
     agree = request.agree
     if not reduced_member_wise(agree):
         return [_zeros_to_reduce(request).reshape(-1)]
-    dtype = accumulation_dtype(agree["dtypes"])
-    return [np.zeros(math.prod(shape), dtype=dtype) for shape in agree["member shapes"]]
+    dtype = accumulation_dtype(agree.dtype)
+    return [np.zeros(math.prod(shape), dtype=dtype) for shape in agree.member_shapes]
 
 
 def _single(comm, algorithms, batch, payload):
     request = batch.requests[0]
     agree = request.agree
     kind = batch.kind
-    if kind == "allgather":
-        data = payload if payload is not JOINED else _placeholder_bytes(agree["dtypes"], (0,) + tuple(agree["trailing dimensions"]))
+    if kind is Collective.ALLGATHER:
+        data = payload if payload is not JOINED else _placeholder_bytes(agree.dtype, (0,) + tuple(agree.trailing_shape))
         return algorithms.allgather(data, batch.per_rank)
-    if kind == "broadcast":
-        data = payload if payload is not JOINED else _placeholder_bytes(agree["dtypes"], agree["shapes"])
-        return mpi_collectives.broadcast(comm, data, agree["root ranks"])
-    if kind == "reducescatter":
+    if kind is Collective.BROADCAST:
+        data = payload if payload is not JOINED else _placeholder_bytes(agree.dtype, agree.shape)
+        return mpi_collectives.broadcast(comm, data, agree.root_rank)
+    if kind is Collective.REDUCESCATTER:
         data = payload if payload is not JOINED else _zeros_to_reduce(request)
-        return algorithms.reducescatter(
-            data, agree["reduce ops"], agree["prescale factors"], agree["postscale factors"]
-        )
-    if kind == "alltoall":
+        return algorithms.reducescatter(data, agree.reduce_op, agree.prescale, agree.postscale)
+    if kind is Collective.ALLTOALL:
         me = comm.Get_rank()
         received = [splits[me] for splits in batch.per_rank]
         output = mpi_collectives.alltoall(comm, payload, batch.per_rank[me], received)
         return output, np.asarray(received, dtype=np.int64)
-    if kind == "barrier":
+    if kind is Collective.BARRIER:
         return None
-    if kind == "broadcast_object":
-        return comm.bcast(payload, root=agree["root ranks"])
-    if kind == "allgather_object":
+    if kind is Collective.BROADCAST_OBJECT:
+        return comm.bcast(payload, root=agree.root_rank)
+    if kind is Collective.ALLGATHER_OBJECT:
         return comm.allgather(payload)
     raise ValueError(f"unknown collective kind {kind!r}")
 
 
 def execute_batch(comm, algorithms, batch, payloads, fusion_buffer, timeline=None):
     """Run `batch` on `comm`; return one result per name (None where this rank has joined)."""
-    if batch.kind == "allreduce":
+    if batch.kind is Collective.ALLREDUCE:
         return fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline)
     start = now_us()
     result = _single(comm, algorithms, batch, payloads[0])
     if timeline is not None:
-        timeline.span(batch.names[0], batch.kind.upper(), start, now_us())
+        timeline.span(batch.names[0], batch.kind.value.upper(), start, now_us())
     return [None if payloads[0] is JOINED else result]

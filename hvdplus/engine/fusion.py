@@ -12,23 +12,19 @@ import numpy as np
 
 from ..common.dtypes import accumulation_dtype
 
-__all__ = ["AVERAGED_WHILE_PACKING", "fusion_key", "fused_nbytes", "FusionBuffer"]
-
-# The agreed mark of an Average whose 1/size every rank applied as it packed its tensors,
-# so that the sum is already the average (see hvdplus/engine/groups.py).
-AVERAGED_WHILE_PACKING = "averaged while packing"
+__all__ = ["fusion_key", "fused_nbytes", "FusionBuffer"]
 
 
 def fusion_key(request):
-    """All-reduces with equal keys may share a batch."""
+    """All-reduces with equal keys may share a batch (an Average applied while packing a
+    group is a plain sum, so it fuses only with its like: see groups.py)."""
     agree = request.agree
-    return (agree["dtypes"], agree["reduce ops"], agree["prescale factors"], agree["postscale factors"],
-            AVERAGED_WHILE_PACKING in agree)
+    return (agree.dtype, agree.reduce_op, agree.prescale, agree.postscale, agree.averaged_while_packing)
 
 
 def fused_nbytes(request) -> int:
     """Bytes the tensor takes in the fusion buffer (its accumulation dtype)."""
-    return math.prod(request.agree["shapes"]) * accumulation_dtype(request.agree["dtypes"]).itemsize
+    return math.prod(request.agree.shape) * accumulation_dtype(request.agree.dtype).itemsize
 
 
 class FusionBuffer:

@@ -33,6 +33,8 @@ members reduce in different types is reduced in float64, which is exact for ever
 supported type except int64 values beyond 2**53.
 """
 
+import dataclasses
+
 import numpy as np
 
 from ..comm.memory import same_memory
@@ -40,8 +42,7 @@ from ..comm.output_pool import ALIGNMENT
 from ..common.dtypes import accumulation_dtype, dtype_name
 from ..common.reduce_ops import ReduceOp
 from . import arguments
-from .fusion import AVERAGED_WHILE_PACKING
-from .requests import Request
+from .protocol import Agreement, Collective, Request
 
 __all__ = ["Members", "grouped_request", "reduced_member_wise"]
 
@@ -63,8 +64,8 @@ def reduced_member_wise(agree) -> bool:
     """Whether an agreed request that the engine reduces in shared memory (from where the
     tensors lie) is a group reduced member by member: one rule for every rank, joined ranks
     included."""
-    member_dtypes = agree.get("member dtypes")
-    return member_dtypes is not None and all(name == agree["dtypes"] for name in member_dtypes)
+    member_dtypes = agree.member_dtypes
+    return member_dtypes is not None and all(name == agree.dtype for name in member_dtypes)
 
 
 def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_factor, pool,
@@ -100,14 +101,13 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
     names = {dtype: dtype_name(dtype) for dtype in checked}
     counts = [data.size for data in members]
     starts, packed_size = _packed_layout(counts, reduce_as.itemsize)
-    # Members first: a mismatch is reported as theirs, not as the packed length's.
-    agree = {"member dtypes": tuple(names[data.dtype] for data in members),
-             "member shapes": tuple(data.shape for data in members),
-             "in place": all(out is data for out, data in zip(outputs, members)),
-             "dtypes": reduce_as.name, "shapes": (packed_size,), "reduce ops": op,
-             "prescale factors": prescale, "postscale factors": postscale}
+    agree = Agreement(member_dtypes=tuple(names[data.dtype] for data in members),
+                      member_shapes=tuple(data.shape for data in members),
+                      in_place=all(out is data for out, data in zip(outputs, members)),
+                      dtype=reduce_as.name, shape=(packed_size,), reduce_op=op,
+                      prescale=prescale, postscale=postscale)
     if in_shared_memory and prescale == 1.0 and reduced_member_wise(agree):
-        return (Request("allreduce", group, agree),) + _member_wise(members, outputs, starts, packed_size, pool)
+        return (Request(Collective.ALLREDUCE, group, agree),) + _member_wise(members, outputs, starts, packed_size, pool)
 
     def finish(reduced):
         return _unpack(reduced, members, outputs, starts)
@@ -116,10 +116,10 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
         # Nothing to pack: the engine reduces the member where it lies.
         output = outputs[0]
         payload = (members[0].reshape(-1), None if output is None else output.reshape(-1))
-        return Request("allreduce", group, agree), payload, finish
+        return Request(Collective.ALLREDUCE, group, agree), payload, finish
     scale = 1.0
     if _average_while_packing(agree, size):
-        agree[AVERAGED_WHILE_PACKING] = True  # last: a mismatch elsewhere is reported first
+        agree = dataclasses.replace(agree, averaged_while_packing=True)
         scale = 1.0 / size
     packed = pool.empty((packed_size,), reduce_as)
     end = 0
@@ -130,7 +130,7 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
             packed[start:end] = data.reshape(-1)
         else:
             np.multiply(data.reshape(-1), scale, out=packed[start:end])
-    return Request("allreduce", group, agree), (packed, packed), finish
+    return Request(Collective.ALLREDUCE, group, agree), (packed, packed), finish
 
 
 def _member_wise(members, outputs, starts, packed_size, pool):
@@ -154,9 +154,9 @@ def _average_while_packing(agree, size: int) -> bool:
     """Whether a packed group's Average is applied while packing: over a power of two of
     ranks, for floating members packed without conversion. Agreed values only, so every
     rank decides alike; the engine then sums (executor.fused_allreduce)."""
-    return (agree["reduce ops"] == ReduceOp.AVERAGE and size > 1 and size & (size - 1) == 0
-            and np.dtype(agree["dtypes"]).kind == "f"
-            and all(name == agree["dtypes"] for name in agree["member dtypes"]))
+    return (agree.reduce_op == ReduceOp.AVERAGE and size > 1 and size & (size - 1) == 0
+            and np.dtype(agree.dtype).kind == "f"
+            and all(name == agree.dtype for name in agree.member_dtypes))
 
 
 def _packed_layout(counts, itemsize: int):

@@ -12,7 +12,7 @@ came as ids skips the check; steady-state training steps repeat the same names.
 
 Released on demand: where the engine must not overlap compute (see
 `settings.overlaps_compute`), ready names are held until some rank is waiting for a result
-(a rank reports WAITING and NOT_WAITING as its callers start and stop waiting), and then all
+(a rank reports Token.WAITING and Token.NOT_WAITING as its callers start and stop waiting), and then all
 of them go out together, fused as far as the threshold allows.
 """
 
@@ -22,44 +22,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..common.errors import error_to_wire
 from .fusion import fused_nbytes, fusion_key
-from .requests import Request, check_agreement
+from .protocol import JOINABLE, Batch, Collective, Outcome, Request, Token
+from .requests import check_agreement
 
-__all__ = ["Batch", "JOIN", "SHUTDOWN", "WAITING", "NOT_WAITING", "Coordinator"]
-
-JOIN = "join"
-SHUTDOWN = "shutdown"
-WAITING = "waiting"
-NOT_WAITING = "not waiting"
-# Kinds a joined rank can take part in, contributing zeros or no rows.
-_JOINABLE = ("allreduce", "allgather", "broadcast", "reducescatter", "barrier")
-
-
-@dataclasses.dataclass
-class Batch:
-    """Names every rank executes together, in list order.
-
-    Args:
-        kind: the collective, or "join_done", "shutdown", "stalled" for control batches.
-        names: tensor names (several only for a fused all-reduce).
-        error: (class name, message) when the names failed the agreement check.
-        requests: one agreed request per name, so a joined rank can contribute zeros.
-        per_rank: for allgather, rows per rank; for alltoall, splits per sending rank.
-        cache_ids: ids assigned to names in this batch, for the ranks' response caches.
-        value: the last rank to join for "join_done"; the reason for "stalled"/"shutdown".
-        known_ids: for an all-reduce whose names every rank sent as response-cache ids,
-            those ids in order: the batch then travels to the workers as the ids alone
-            (Engine rebuilds it from its own cache), since pickling the agreed requests
-            and unpickling them again sat on every negotiation's critical path.
-    """
-
-    kind: str
-    names: List[str] = dataclasses.field(default_factory=list)
-    error: Optional[Tuple[str, str]] = None
-    requests: Optional[List[Request]] = None
-    per_rank: Optional[list] = None
-    cache_ids: Optional[Dict[str, int]] = None
-    value: object = None
-    known_ids: Optional[List[int]] = None
+__all__ = ["Coordinator"]
 
 
 @dataclasses.dataclass
@@ -93,23 +59,24 @@ class Coordinator:
 
     # -- input ------------------------------------------------------------------------
     def add(self, rank: int, items: Sequence) -> None:
-        """Take rank `rank`'s new items: Requests, cache ids (int), JOIN, SHUTDOWN, WAITING
-        or NOT_WAITING."""
+        """Take rank `rank`'s new items: Requests, cache ids (int) and Tokens."""
         for item in items:
             if isinstance(item, int):
                 name, by_rank = self._cached[item]
                 self._pend(rank, by_rank[rank], checked=True)
-            elif item == WAITING:
+            elif isinstance(item, Request):
+                self._pend(rank, item, checked=False)
+            elif item is Token.WAITING:
                 self.waiting.add(rank)
                 self._asked = True
-            elif item == NOT_WAITING:
+            elif item is Token.NOT_WAITING:
                 self.waiting.discard(rank)
-            elif item == JOIN:
+            elif item is Token.JOIN:
                 self.joined.append(rank)
-            elif item == SHUTDOWN:
+            elif item is Token.SHUTDOWN:
                 self.shutdown_ranks.add(rank)
             else:
-                self._pend(rank, item, checked=False)
+                raise TypeError(f"rank {rank} sent the coordinator {item!r}")
 
     def _pend(self, rank: int, request: Request, checked: bool) -> None:
         entry = self.pending.get(request.name)
@@ -128,7 +95,7 @@ class Coordinator:
         ready = [name for name, entry in self.pending.items() if self._is_ready(entry)]
         batches = self._batch(ready)
         if len(self.joined) == self.size:
-            batches.append(Batch("join_done", value=self.joined[-1]))
+            batches.append(Batch(Outcome.JOIN_DONE, value=self.joined[-1]))
             self.joined = []
         return batches
 
@@ -148,25 +115,25 @@ class Coordinator:
                 batches.append(Batch(kind, [name], error=error))
                 continue
             cache_ids = self._remember(name, entry, ranks)
-            if kind == "allreduce":
+            if kind is Collective.ALLREDUCE:
                 known = None if entry.needs_check or len(ranks) != self.size else self._cache_id_of[name]
                 self._fuse(name, requests[0], cache_ids, known, open_fusions, batches)
                 continue
             batch = Batch(kind, [name], requests=[requests[0]], cache_ids=cache_ids)
-            if kind == "allgather":
-                batch.per_rank = [entry.by_rank[r].local["rows"] if r in entry.by_rank else 0 for r in range(self.size)]
-            elif kind == "alltoall":
-                batch.per_rank = [entry.by_rank[r].local["splits"] for r in range(self.size)]
+            if kind is Collective.ALLGATHER:
+                batch.per_rank = [entry.by_rank[r].rows if r in entry.by_rank else 0 for r in range(self.size)]
+            elif kind is Collective.ALLTOALL:
+                batch.per_rank = [list(entry.by_rank[r].splits) for r in range(self.size)]
             batches.append(batch)
         return batches
 
     def _check(self, name, entry, ranks, requests):
         absent = [r for r in range(self.size) if r not in entry.by_rank]
         kind = requests[0].kind
-        if absent and kind not in _JOINABLE:
+        if absent and kind not in JOINABLE:
             return ("HvdplusError", f"{kind} '{name}' cannot run while ranks {absent} have joined")
-        if absent and kind == "broadcast" and requests[0].agree.get("root ranks") in absent:
-            return ("HvdplusError", f"broadcast '{name}': root rank {requests[0].agree['root ranks']} has joined")
+        if absent and kind is Collective.BROADCAST and requests[0].agree.root_rank in absent:
+            return ("HvdplusError", f"broadcast '{name}': root rank {requests[0].agree.root_rank} has joined")
         if not entry.needs_check:
             return None
         try:
@@ -197,7 +164,7 @@ class Coordinator:
         nbytes = fused_nbytes(request)
         batch, used = open_fusions.get(key, (None, 0))
         if batch is None or used + nbytes > self.fusion_threshold:
-            batch, used = Batch("allreduce", requests=[], cache_ids={}, known_ids=[]), 0
+            batch, used = Batch(Collective.ALLREDUCE, requests=[], cache_ids={}, known_ids=[]), 0
             batches.append(batch)
         open_fusions[key] = (batch, used + nbytes)
         batch.names.append(name)

@@ -1,38 +1,19 @@
-"""What a rank asks of a collective, and the check that every rank asked for the same thing.
+"""The check that every rank asked for the same thing.
 
-Each rank describes its call as a `Request`; the requests of all ranks are compared before
-any data moves, so a mismatch becomes an error on every rank instead of a hang or a silent
-mix-up. The synchronous path exchanges requests per call; the engine batches them.
+Each rank describes its call as a `Request` (see protocol); the requests of all ranks are
+compared before any data moves, so a mismatch becomes an error on every rank instead of a
+hang or a silent mix-up.
 """
 
-import dataclasses
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
 
 from ..common.errors import TensorMismatchError, input_error_class
+from .protocol import AGREEMENT_FIELDS, Collective, Request
 
-__all__ = ["Request", "input_error", "check_agreement", "describe_by_rank"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """One rank's call.
-
-    Args:
-        kind: the collective ("allreduce", "allgather", ...).
-        name: the tensor's name; ranks pair calls by it.
-        agree: values every rank must share, keyed by their plural label ("shapes", "dtypes").
-        local: values that may differ per rank (allgather's first dimension, alltoall's splits).
-        error: (exception type name, message) when this rank's own input was rejected.
-    """
-
-    kind: str
-    name: str
-    agree: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    local: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    error: Optional[Tuple[str, str]] = None
+__all__ = ["input_error", "check_agreement", "describe_by_rank"]
 
 
-def input_error(kind: str, name: str, exc: Exception) -> Request:
+def input_error(kind: Collective, name: str, exc: Exception) -> Request:
     """The request a rank sends when its own arguments were rejected with `exc`."""
     return Request(kind, name, error=(type(exc).__name__, str(exc)))
 
@@ -76,8 +57,10 @@ def check_agreement(requests: Sequence[Request], ranks: Optional[Sequence[int]] 
         )
 
     reference = requests[0]
-    for label in reference.agree:
-        values = [request.agree[label] for request in requests]
+    if all(request.agree == reference.agree for request in requests[1:]):
+        return
+    for field, label in AGREEMENT_FIELDS:
+        values = [getattr(request.agree, field) for request in requests]
         if any(value != values[0] for value in values[1:]):
             raise TensorMismatchError(
                 f"Mismatched {label} for '{reference.name}' ({reference.kind}): "

@@ -1,0 +1,137 @@
+"""What travels between the ranks' engines: typed values, never dicts keyed by strings.
+
+A rank's engine sends rank 0 a list of items: a `Request` (a new call), the response-cache
+id of a request agreed before (an int), or a `Token`. Rank 0 answers every rank with the same
+list of `Batch`es, which all ranks execute in that order.
+"""
+
+import dataclasses
+import enum
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from ..common.reduce_ops import ReduceOp
+
+__all__ = ["Collective", "JOINABLE", "Token", "Outcome", "Agreement", "AGREEMENT_FIELDS", "NOTHING_TO_AGREE",
+           "Request", "Batch"]
+
+
+class Collective(enum.Enum):
+    """What a request asks for, and the kind of the batch that runs it."""
+
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    ALLTOALL = "alltoall"
+    REDUCESCATTER = "reducescatter"
+    BARRIER = "barrier"
+    BROADCAST_OBJECT = "broadcast_object"
+    ALLGATHER_OBJECT = "allgather_object"
+    JOIN = "join"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Collectives that a rank which has joined takes part in, contributing zeros or no rows.
+JOINABLE = frozenset({Collective.ALLREDUCE, Collective.ALLGATHER, Collective.BROADCAST,
+                      Collective.REDUCESCATTER, Collective.BARRIER})
+
+
+class Token(enum.Enum):
+    """A rank's news for the coordinator, sent among its requests."""
+
+    JOIN = "join"  # this rank has no more data (see collectives.join)
+    SHUTDOWN = "shutdown"  # this rank's engine is stopping
+    WAITING = "waiting"  # a caller on this rank now waits for a result
+    NOT_WAITING = "not waiting"  # no caller on this rank waits any more
+
+
+class Outcome(enum.Enum):
+    """The kinds of batch that run no collective."""
+
+    JOIN_DONE = "join_done"  # every rank has joined; value: the last one to join
+    SHUTDOWN = "shutdown"  # value: the first rank that shut down
+    STALLED = "stalled"  # value: the stall inspector's report
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _label(text: str):
+    return dataclasses.field(default=None, metadata={"label": text})
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """The values every rank must share for one call; None where a collective has no such value.
+
+    Compared field by field in this order, so a mismatch is reported as the first field that
+    differs, by its label ("Mismatched shapes for 'x'"): a group's members come before the
+    packed length they imply, and the mark of an Average applied while packing comes last.
+    """
+
+    root_rank: Optional[int] = _label("root ranks")
+    member_dtypes: Optional[Tuple[str, ...]] = _label("member dtypes")
+    member_shapes: Optional[Tuple[tuple, ...]] = _label("member shapes")
+    in_place: Optional[bool] = _label("in place")
+    dtype: Optional[str] = _label("dtypes")
+    shape: Optional[tuple] = _label("shapes")
+    trailing_shape: Optional[tuple] = _label("trailing dimensions")
+    reduce_op: Optional[ReduceOp] = _label("reduce ops")
+    prescale: Optional[float] = _label("prescale factors")
+    postscale: Optional[float] = _label("postscale factors")
+    # Average's 1/size applied by every rank as it packed a group, so the sum is the average.
+    averaged_while_packing: bool = dataclasses.field(default=False, metadata={"label": "averaged while packing"})
+
+
+NOTHING_TO_AGREE = Agreement()
+AGREEMENT_FIELDS = tuple((field.name, field.metadata["label"]) for field in dataclasses.fields(Agreement))
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One rank's call.
+
+    Args:
+        kind: the collective.
+        name: the tensor's name; ranks pair calls by it.
+        agree: the values every rank must share.
+        rows: allgather's first dimension on this rank (may differ per rank).
+        splits: alltoall's rows for each receiving rank, from this rank.
+        error: (exception type name, message) when this rank's own input was rejected.
+    """
+
+    kind: Collective
+    name: str
+    agree: Agreement = NOTHING_TO_AGREE
+    rows: Optional[int] = None
+    splits: Optional[Tuple[int, ...]] = None
+    error: Optional[Tuple[str, str]] = None
+
+
+@dataclasses.dataclass
+class Batch:
+    """Names every rank executes together, in list order.
+
+    Args:
+        kind: the collective, or the Outcome of a batch that runs none.
+        names: tensor names (several only for a fused all-reduce).
+        error: (class name, message) when the names failed the agreement check.
+        requests: one agreed request per name, so a joined rank can contribute zeros.
+        per_rank: for allgather, rows per rank; for alltoall, splits per sending rank.
+        cache_ids: ids assigned to names in this batch, for the ranks' response caches.
+        value: what an Outcome carries (see Outcome).
+        known_ids: for an all-reduce whose names every rank sent as response-cache ids,
+            those ids in order: the batch then travels to the workers as the ids alone
+            (each engine rebuilds it from its own cache), which keeps pickling the agreed
+            requests off every negotiation's critical path.
+    """
+
+    kind: Union[Collective, Outcome]
+    names: List[str] = dataclasses.field(default_factory=list)
+    error: Optional[Tuple[str, str]] = None
+    requests: Optional[List[Request]] = None
+    per_rank: Optional[list] = None
+    cache_ids: Optional[Dict[str, int]] = None
+    value: Any = None
+    known_ids: Optional[List[int]] = None
