@@ -7,7 +7,8 @@ optimizer class that keeps its name and configuration, so `model.save` writes th
 optimizer and `hvdplus.keras.load_model` wraps it again.
 """
 
-from ..common.reduce_ops import Average, Sum
+from ..common.reduce_ops import Average
+from ..common.scaling import Reduction, gradient_reduction
 from ..engine import runtime
 from .compression import Compression
 from .mpi_ops import allreduce_gradients
@@ -20,25 +21,19 @@ _CLASSES = {}
 class _DistributedOptimizer:
     """Mixed in before a Keras optimizer class."""
 
-    _hvdplus_reduction = (Average, 1.0, 1.0)
+    _hvdplus_reduction = Reduction(Average)
     _hvdplus_compression = Compression.none
 
     def _hvdplus_configure(self, op, backward_passes_per_step, average_aggregated_gradients,
                            gradient_predivide_factor, compression=None):
         self._hvdplus_compression = compression or Compression.none
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError("gradient_predivide_factor needs op=Average")
-        size = runtime.size()
-        if gradient_predivide_factor != 1.0:
-            op, prescale, postscale = Sum, 1.0 / gradient_predivide_factor, gradient_predivide_factor / size
-        else:
-            prescale, postscale = 1.0, 1.0
+        reduction = gradient_reduction(op, gradient_predivide_factor, runtime.size())
         if backward_passes_per_step > 1:
             # Keras' own accumulation averages the passes; Horovod's default sums them.
             self.gradient_accumulation_steps = backward_passes_per_step
             if not average_aggregated_gradients:
-                postscale *= backward_passes_per_step
-        self._hvdplus_reduction = (op, prescale, postscale)
+                reduction = reduction._replace(postscale=reduction.postscale * backward_passes_per_step)
+        self._hvdplus_reduction = reduction
 
     def apply(self, grads, trainable_variables=None):
         variables = trainable_variables if trainable_variables is not None else self._trainable_variables

@@ -16,6 +16,7 @@ not sent: every rank must have the same ones.
 import tensorflow as tf
 
 from ..common.reduce_ops import Average, Sum, as_reduce_op
+from ..common.scaling import gradient_reduction
 from ..engine import runtime
 from .compression import Compression
 from .mpi_ops import grouped_allreduce
@@ -30,15 +31,9 @@ class _DistributedGradientTape:
         op = as_reduce_op(op)
         if op not in (Average, Sum):
             raise ValueError(f"DistributedGradientTape takes op Average or Sum, got {op.label}")
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError("gradient_predivide_factor needs op=Average")
+        self._reduction = gradient_reduction(op, gradient_predivide_factor, runtime.size())
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
-        if gradient_predivide_factor != 1.0:
-            # Split the averaging around the sum: 1/f before it, f/size after it.
-            self._reduction = (Sum, 1.0 / gradient_predivide_factor, gradient_predivide_factor / runtime.size())
-        else:
-            self._reduction = (op, 1.0, 1.0)
 
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):

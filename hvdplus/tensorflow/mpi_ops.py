@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..common.reduce_ops import Average, Sum, as_reduce_op, reduce_op_from
+from ..common.scaling import Reduction
 from ..engine import collectives, runtime
 from .buffers import as_tensor, collective_name, run_on_host, what
 from .compression import Compression
@@ -92,7 +93,8 @@ def allreduce(tensor, average=None, compression=Compression.none, op=None, presc
         average: Horovod's deprecated flag; True is op=Average, False op=Sum.
         compression: Compression.none, .fp16 or .bf16 for the values on the wire.
         op: Average, Sum, Min, Max or Product.
-        prescale_factor, postscale_factor: multiply before and after the reduction.
+        prescale_factor: multiplies each rank's tensor before the reduction.
+        postscale_factor: multiplies the result after it.
         name: the name every rank gives this collective (default: eagerly one by call order, in
             a graph one by the op's place in it).
     """
@@ -110,7 +112,7 @@ def allreduce(tensor, average=None, compression=Compression.none, op=None, presc
 
 def _slices_scale(name, op, prescale, postscale, slices):
     """The factor gathered IndexedSlices values take; ValueError when they cannot take it."""
-    scale = prescale * postscale / (runtime.size() if op == Average else 1)
+    scale = Reduction(op, prescale, postscale).factor(runtime.size())
     for piece in slices:
         if op not in (Average, Sum):
             raise ValueError(f"{what('allreduce', name)}: IndexedSlices take op Sum or Average, not {op.label}")

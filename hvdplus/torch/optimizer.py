@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from ..common.errors import HvdplusError
-from ..common.reduce_ops import Average, Sum
+from ..common.reduce_ops import Average
+from ..common.scaling import gradient_reduction
 from ..engine import runtime
 from .compression import Compression
 from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
@@ -39,17 +40,11 @@ class _DistributedOptimizer:
                        gradient_predivide_factor, groups, sparse_as_dense):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError("gradient_predivide_factor needs op=Average")
+        size = runtime.size()
+        self._reduction = gradient_reduction(op, gradient_predivide_factor, size)
         self._compression = compression
         self._passes_per_step = backward_passes_per_step
         self._sparse_as_dense = sparse_as_dense
-        size = runtime.size()
-        if gradient_predivide_factor != 1.0:
-            # Split the averaging around the sum: 1/f before it, f/size after it.
-            self._reduction = (Sum, 1.0 / gradient_predivide_factor, gradient_predivide_factor / size)
-        else:
-            self._reduction = (op, 1.0, 1.0)
         params = [p for group in self.param_groups for p in group["params"]]
         self._params = params
         self._names = _parameter_names(params, named_parameters)
@@ -174,8 +169,7 @@ class _DistributedOptimizer:
         name = self._names[param]
         indices = allgather_async(grad.indices().t().contiguous(), name=f"sparse_indices.{name}")
         values = allgather_async(grad.values().contiguous(), name=f"sparse_values.{name}")
-        op, prescale, postscale = self._reduction
-        scale = prescale * postscale / (runtime.size() if op == Average else 1)
+        scale = self._reduction.factor(runtime.size())
 
         def finish():
             gathered = torch.sparse_coo_tensor(indices.wait().t(), values.wait() * scale, grad.shape,
