@@ -10,33 +10,8 @@ numpy arrays; `hvdplus.torch`, `hvdplus.tensorflow` and `hvdplus.keras` wrap the
 
 import importlib
 
-from .common.build_queries import *  # noqa: F401,F403 (Horovod's build queries)
-from .common.build_queries import __all__ as _BUILD_QUERIES
-from .common.errors import (
-    HvdplusError,
-    NotInitializedError,
-    ShutdownError,
-    StalledError,
-    TensorMismatchError,
-)
-from .common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
-from .engine.runtime import (
-    cross_rank,
-    cross_size,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    rank,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from .engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
+from .engine.basics import __all__ as _BASICS
 from .version import __version__
 
 # Loaded on first use, because importing them imports mpi4py.MPI, which initializes MPI:
@@ -51,14 +26,7 @@ _LAZY = {
     )
 }
 
-__all__ = [
-    "__version__", "HvdplusError", "NotInitializedError", "TensorMismatchError",
-    "ShutdownError", "StalledError",
-    "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
-    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "start_timeline", "stop_timeline", *_BUILD_QUERIES,
-] + sorted(_LAZY)
+__all__ = ["__version__", *_BASICS, *sorted(_LAZY)]
 
 
 def __getattr__(name):

@@ -49,7 +49,7 @@ def _flag(environ, suffix) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Configuration of one process; see README "Configuration" for each variable."""
+    """Configuration of one process; every variable is described in docs/configuration.md."""
 
     fusion_threshold_bytes: int = 64 * MIB
     cycle_time_ms: float = 1.0

@@ -10,42 +10,11 @@ jax backends.
 
 import keras
 
-from ..common.build_queries import *  # noqa: F401,F403 (Horovod's build queries)
-from ..common.errors import (
-    HvdplusError,
-    NotInitializedError,
-    ShutdownError,
-    StalledError,
-    TensorMismatchError,
-)
-from ..common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
 from ..engine import runtime as _runtime
-from ..engine.runtime import (
-    cross_rank,
-    cross_size,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    rank,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
 from . import callbacks
 from .compression import Compression
-from .mpi_ops import (
-    allgather,
-    allgather_object,
-    allreduce,
-    broadcast,
-    broadcast_object,
-    reducescatter,
-)
+from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcast_object, reducescatter
 from .optimizer import DistributedOptimizer, distributed_class
 
 

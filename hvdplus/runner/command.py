@@ -173,7 +173,7 @@ class Mpich(Dialect):
     Hydra needs no flag to run as root or with more ranks than cores. It ends a job early
     only when a rank dies without calling MPI_Finalize (or calls MPI_Abort): a rank that
     exits with an error after finalizing leaves the others waiting (hvdplus' own ranks
-    see it through the engine and abort; see the README).
+    see it through the engine and abort; see docs/troubleshooting.md).
     """
 
     def prepare_hostfile(self, path, hosts, workdir):

@@ -6,64 +6,14 @@
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 """
 
-from ..common.build_queries import *  # noqa: F401,F403 (Horovod's build queries)
-from ..common.errors import (
-    HvdplusError,
-    NotInitializedError,
-    ShutdownError,
-    StalledError,
-    TensorMismatchError,
-)
-from ..common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
-from ..engine.runtime import (
-    cross_rank,
-    cross_size,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    rank,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
 from .compression import Compression
-from .functions import (
-    allgather_object,
-    broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-)
+from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import (
-    allgather,
-    allgather_async,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
-    alltoall,
-    alltoall_async,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    grouped_allgather,
-    grouped_allgather_async,
-    grouped_allreduce,
-    grouped_allreduce_,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
-    join,
-    poll,
-    reducescatter,
-    reducescatter_async,
-    synchronize,
+    allgather, allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall,
+    alltoall_async, barrier, broadcast, broadcast_, broadcast_async, broadcast_async_, grouped_allgather,
+    grouped_allgather_async, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+    grouped_allreduce_async_, join, poll, reducescatter, reducescatter_async, synchronize,
 )
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
