@@ -7,14 +7,14 @@ one of:
 - `ring`: hvdplus' ring (reduce-scatter then all-gather over point-to-point messages);
 - `shm`: hvdplus' shared-memory all-reduce; all ranks must share one node;
 - `hierarchical`: inside each node, then across nodes, then inside each node again;
-- `auto` (default): by size and topology, from crossover points measured by
-  benchmarks/collectives.py on a 2-core VM: `MPI_Allreduce` below `SMALL_BYTES`, where its
+- `auto` (default): by size and topology, at crossover points that benchmarks/collectives.py
+  measures (see docs/performance.md): `MPI_Allreduce` below `SMALL_BYTES`, where its
   latency wins; above it, `shm` when all ranks share a node, else `hierarchical`. The
   engine's all-reduces on one node always use `shm` (see `engine_algorithm`).
 
-On one node, reducescatter goes through the shared window from `SMALL_BYTES` up (4-10x
-faster than MPI's here) and allgather from `SHM_ALLGATHER_BYTES` of output up (below that
-MPI's single-copy transport is faster); otherwise both use MPI.
+On one node, reducescatter goes through the shared window from `SMALL_BYTES` up (where it
+beats MPI's) and allgather from `SHM_ALLGATHER_BYTES` of output up (below that MPI's
+single-copy transport is faster); otherwise both use MPI.
 """
 
 import math
@@ -41,16 +41,14 @@ SMALL_BYTES = 64 * 1024
 # Allgather only moves data, which MPI's single-copy transport does well until about here.
 SHM_ALLGATHER_BYTES = 32 * 1024 * 1024
 # Without single-copy reads (a container forbidding them), a fused batch's arrays between
-# these sizes are each all-reduced by MPI_Allreduce in place: measured on 2 ranks, 24 x 256
-# KiB took 1.2 ms that way against 1.6 ms staged through the window; 4 x 4 MiB 2.3 against
-# 3.9 ms; at 64 MiB MPI is the slowest (32 ms against 20). With single-copy reads, the whole
-# batch goes through them: in the same MLP's training step on 2 ranks (50 gradients, 6.3
-# MB, cold in cache as after backward), 1.43-1.47 ms against 1.66-1.97 for MPI per array,
-# and with Average's scale applied to each slice while it is in cache, 1.65 ms against
-# 2.4-2.5 for MPI followed by a pass that scales. Smaller arrays are packed into one MPI call
-# while together under SMALL_BYTES (1 float: 117 us an engine all-reduce against 220 through
-# the window; 18 x 4 floats 252 against 580), else fuse through the window (40 x 20 KiB:
-# 0.24 ms against 0.37 ms one MPI call each).
+# these sizes are each all-reduced by MPI_Allreduce in place: in that range one MPI call per
+# array beats staging them through the window, whose copies in and out cost more than they
+# save; above it the window wins again. With single-copy reads, the whole batch goes through
+# them instead: they move about half the memory that staging does (see single_copy) and apply
+# Average's scale to each slice while it is in cache rather than in a pass of its own, so they
+# beat an MPI call per array. Either way, small arrays are packed into one MPI call while they
+# come to less than SMALL_BYTES together, where MPI's latency beats the window's barriers;
+# otherwise they fuse through the window, which is cheaper than one MPI call each.
 MPI_PER_ARRAY_BYTES = (SMALL_BYTES, 16 * 1024 * 1024)
 # From here up, reading the peers' buffers directly (single_copy) beats staging through the
 # shared window.
@@ -64,8 +62,8 @@ def _mpi_allreduce(comm, flat, op):
 
 def _packed_mpi_allreduce(comm, pairs, op, scale: float) -> None:
     """Small flat (source, target) arrays of one dtype all-reduced by one MPI call over a
-    packed copy: a few microseconds, where the shared window's three barriers and
-    per-piece bookkeeping cost 70 us for the nine biases of an MLP."""
+    packed copy: for arrays this small, MPI's latency is far below the cost of the shared
+    window's three barriers and per-piece bookkeeping."""
     packed = np.concatenate([source for source, _ in pairs])
     _mpi_allreduce(comm, packed, op)
     if scale != 1.0:
@@ -155,7 +153,7 @@ class CollectiveAlgorithms:
                 result (it may be `array` itself: an in-place all-reduce); None for a new array.
 
         The communication layer called directly: no engine, no cross-rank checks. Written
-        tightly because at 4 KiB every microsecond of Python shows beside MPI's latency."""
+        tightly because on small buffers every microsecond of Python shows beside MPI's latency."""
         accumulate = accumulation_dtype(array.dtype)
         flat = array.reshape(-1)
         if accumulate == array.dtype and prescale_factor == 1.0 and flat.flags.c_contiguous:

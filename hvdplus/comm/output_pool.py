@@ -1,10 +1,10 @@
 """Memory for results, recycled once the caller has dropped every view of it.
 
 A collective that returns a new array needs fresh memory, and fresh memory costs a page
-fault per page on first touch: about 9 ms for 64 MiB on a VM, a third of a shared-memory
-all-reduce of that size (and MPI must register new buffers too). Mid-sized results suffer
-too: glibc hands out blocks from 128 KiB up as fresh mappings, and 8 gradients of 256 KiB
-all-reduced into new arrays took 1.8 ms against 0.7 ms into reused ones. The pool keeps
+fault per page on first touch, a sizeable share of what a shared-memory all-reduce of a
+large buffer costs (and MPI must register new buffers too). Mid-sized results suffer too:
+glibc hands out blocks from 128 KiB up as fresh mappings, so each new result of that size
+faults its pages in again, where a reused buffer's pages are already mapped. The pool keeps
 the buffers it handed out and gives one back only when nothing else refers to it any more.
 
 Results start on a 64-byte boundary: TensorFlow takes a numpy result of `tf.numpy_function`

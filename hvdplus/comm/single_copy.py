@@ -103,7 +103,8 @@ class SingleCopy:
     def allreduce_arrays(self, arrays: List[np.ndarray], op, scale: float = 1.0,
                          outputs: Optional[List[np.ndarray]] = None) -> None:
         """Reduce flat arrays of one dtype across the node as if they were one buffer, into
-        `outputs` (default: in place). Like SharedWindow.allreduce_arrays, which it replaces."""
+        `outputs` (default: in place). Like SharedWindow.allreduce_arrays, used in its place
+        where every rank of the node can read the others."""
         outputs = arrays if outputs is None else outputs
         ends = list(itertools.accumulate(a.size for a in arrays))
         total = ends[-1] if ends else 0

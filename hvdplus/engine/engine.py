@@ -117,8 +117,8 @@ class Engine:
         A busy engine thread picks the operation up within one cycle, so the operations a
         training step submits together are negotiated together, and a caller that waits on
         the handle at once drives the engine itself (see wait_for). An idle one is woken
-        only where it has a core of its own (overlap): otherwise waking it made it fight
-        the submitting thread for the GIL and the core (TensorFlow step 6.7 ms against 6.0), and
+        only where it has a core of its own (overlap): otherwise waking it makes it fight
+        the submitting thread for the GIL and the core, which slows the training step, and
         its idle sleep is short enough to pick the operation up anyway (see _idle)."""
         handle = Handle(request.name, self, finish)
         with self._lock:
@@ -186,10 +186,10 @@ class Engine:
     def wait_for(self, handle: Handle) -> None:
         """Return once `handle` is done.
 
-        Handing work to a sleeping thread and back costs two wake-ups (about 60 us each on
-        virtual machines), far more than a small all-reduce; so a caller that would block
-        anyway first runs engine steps itself for a while, yielding the core between steps
-        to any process that needs it, and only then sleeps until the engine thread is done."""
+        Handing work to a sleeping thread and back costs two thread wake-ups, far more than
+        a small all-reduce takes; so a caller that would block anyway first runs engine steps
+        itself for a while, yielding the core between steps to any process that needs it,
+        and only then sleeps until the engine thread is done."""
         with self._waiting():
             self._drive_until(handle, _CALLER_SPIN_S)
             with self._completed:
@@ -222,7 +222,7 @@ class Engine:
             self._callers_driving += 1
         try:
             first = True
-            with self._failing_aborts_the_job():  # around the loop: entering it costs a few us
+            with self._failing_aborts_the_job():  # around the loop: once, not per step
                 while not handle.done() and not self._finished and (first or time.monotonic() < deadline):
                     first = False
                     # While the engine thread runs a step, sleep on the lock rather than spin:

@@ -2,8 +2,8 @@
 
 A training step's gradients handed over as a group (TensorFlow's DistributedGradientTape,
 Keras' optimizer, torch's grouped_allreduce) become one named request and one contiguous
-buffer, so the engine negotiates, fuses and reduces one thing: measured on 2 ranks, 18
-gradients of an MLP (2 MB) took 2.2 ms as 18 engine names and 1.45 ms packed. Every rank
+buffer, so the engine negotiates, fuses and reduces one thing rather than one name per
+member, and pays its per-name bookkeeping once a step instead of once a gradient. Every rank
 must describe its group alike, member by member, so the request carries each member's
 dtype and shape for the agreement check, and a group stays atomic by construction.
 
@@ -12,18 +12,17 @@ members need no conversion is instead reduced member by member from where the me
 (`Members`) when the engine reduces in shared memory (all ranks on one node), split into
 MPI calls and shared-window passes by the agreed sizes alike on every rank: in place
 (torch's grouped_allreduce_ and DistributedOptimizer) into the members themselves, else
-into one new buffer laid out as a packed one, whose views are the results. Measured on 2
-ranks: a 24-layer MLP's training step (50 gradients, 6.3 MB, in place) took 16.2-19.4 ms
-that way against 17.8-21.5 ms packed; packing TensorFlow's 18 gradients of an 8 x 256 MLP
-(2 MB, new results) cost 0.2 ms of a 4.3 ms step, which reading the members directly saves
-(session 8; before single-copy reads took whole batches, packing had won there).
+into one new buffer laid out as a packed one, whose views are the results. Reading the
+members where they lie saves the copy into the packed buffer and out of it, a pass over
+every gradient each step; the other algorithms (MPI, ring, hierarchical) take one flat
+buffer, so for them a group is packed.
 
 An Average over a power-of-two number of ranks is applied while packing, where members need
 no conversion: multiplying by 1/size on the way in costs what the copy costs, and saves a
-pass over the reduced buffer after the sum (about 0.1-0.2 ms of a 2 MB TensorFlow group).
-Scaling by a power of two is exact, so the sum of the scaled members rounds to exactly the
-scaled sum: the results are bit for bit those of dividing afterwards (barring subnormals),
-and a sum that would overflow no longer does. Other sizes divide after the sum.
+pass over the reduced buffer after the sum. Scaling by a power of two is exact, so the sum
+of the scaled members rounds to exactly the scaled sum: the results are bit for bit those of
+dividing afterwards (barring subnormals), and a sum that would overflow no longer does.
+Other sizes divide after the sum.
 
 Each member starts on a 64-byte boundary of the packed buffer (zeros between them), so that
 its result, a view, is aligned as TensorFlow needs to take it without a copy.
@@ -82,7 +81,7 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
     for index, (array, output) in enumerate(zip(arrays, outputs)):
         data = array
         # The checks depend on the dtype alone, and an output that is the array itself only
-        # needs to be writable in place: 50 gradients a step make this loop worth keeping lean.
+        # needs to be writable in place: a step's dozens of gradients make this loop worth keeping lean.
         if type(data) is not np.ndarray or data.dtype not in checked or (output is not None and output is not data):
             what = f"grouped_allreduce '{group}' member {index}"
             data = arguments.as_array(array, what)

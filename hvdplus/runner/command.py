@@ -226,7 +226,8 @@ class IntelMpi(Mpich):
         return ["-genv", "I_MPI_PIN", "0"]
 
     def output(self, output_dir):
-        # Never tried here, so hydra's own tags as before (they tag pieces, as MPICH's do).
+        # Hydra's own tags (they tag pieces, as MPICH's do): Intel's hydra is untested with
+        # the markers that hvdplusrun turns into tagged lines.
         if output_dir is None:
             return ["-prepend-rank"]
         return ["-prepend-rank"] + super().output(output_dir)

@@ -4,9 +4,9 @@ Every rank's math library (OpenMP in torch, OpenBLAS or MKL under numpy) starts 
 per core by default, so n ranks on one machine run n times as many threads as there are
 cores. Their threads wait for each other by spinning: oversubscribed, a preempted thread
 stalls its whole team, and any other thread that wakes (hvdplus' engine, a data loader)
-preempts one. Measured here, 2 ranks on 2 cores, a numpy matmul loop: 0.10-0.18 s alone,
-0.14-1.46 s beside a Python thread waking every 50 ms; 0.067 s either way with one thread
-per rank. torchrun makes the same choice (OMP_NUM_THREADS=1 per process).
+preempts one, which can slow a rank several times over. With one thread per rank nothing
+spins for a peer, and a rank's speed does not change when another thread wakes. torchrun
+makes the same choice (OMP_NUM_THREADS=1 per process).
 """
 
 import math

@@ -48,8 +48,8 @@ def check_tensor(tensor, what: str, in_place: bool = False) -> None:
 def as_array(tensor) -> np.ndarray:
     """A numpy array over the tensor's memory (a host copy for CUDA tensors)."""
     host = tensor.detach() if tensor.requires_grad else tensor
-    # is_cpu rather than device.type, which builds a torch.device (0.7 us a tensor, and an
-    # optimizer step asks it of every gradient).
+    # is_cpu rather than device.type, which builds a torch.device: an optimizer step asks
+    # this of every gradient.
     if not host.is_cpu:
         host = host.cpu()
     if host.dtype == torch.bfloat16:
@@ -63,10 +63,10 @@ _NUMPY_DTYPES = frozenset(np.dtype(name) for name in SUPPORTED_DTYPE_NAMES if na
 
 def as_arrays(tensors, what: str, in_place: bool = False) -> list:
     """as_array of each of `tensors`, after check_tensor of each. Plain contiguous CPU
-    tensors that need no gradient (a training step's 18-50 gradients) take one conversion
-    each: asking each tensor for each property that check_tensor and as_array look at cost
-    2.5 us a tensor, more than the conversion. Anything else goes through both, one tensor
-    at a time, so that the errors stay theirs."""
+    tensors that need no gradient (a training step's gradients) take one conversion each:
+    asking each tensor for each property that check_tensor and as_array look at costs more
+    than the conversion. Anything else goes through both, one tensor at a time, so that the
+    errors stay theirs."""
     try:
         arrays = [tensor.numpy() for tensor in tensors]  # refuses grad, sparse, CUDA, bfloat16
     except (AttributeError, TypeError, RuntimeError):

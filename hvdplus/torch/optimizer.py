@@ -6,9 +6,9 @@ async all-reduce is submitted, so communication overlaps the rest of backward. W
 explicit `groups`, the groups are made here: where the engine has a core of its own, of
 about `_OVERLAP_GROUP_BYTES` in the order backward finishes them; where it has none (every
 core trains), one per dtype and device, since the engine waits for step() anyway and one
-request per step costs least: a 24-layer MLP's training step on 2 ranks (50 gradients,
-6.3 MB) took 21 ms with one request per gradient and 15-19 ms with one group. `step()`
-waits for them all, then lets the wrapped optimizer update the parameters.
+request per step costs least: every request pays its own negotiation and bookkeeping, and
+none would start any earlier. `step()` waits for them all, then lets the wrapped optimizer
+update the parameters.
 """
 
 import contextlib
@@ -28,7 +28,7 @@ __all__ = ["DistributedOptimizer"]
 
 # Fusion group size where the engine thread has a core of its own: small enough that the
 # first groups are all-reduced while backward still runs, large enough to keep the
-# per-request cost low. Not tuned: this project's machines have no core to spare.
+# per-request cost low. Not tuned, for want of a benchmark machine with a core to spare.
 _OVERLAP_GROUP_BYTES = 4 * 1024 * 1024
 
 
@@ -54,7 +54,7 @@ class _DistributedOptimizer:
         else:
             groups_of = _fusion_groups(params, groups)
         # The hooks' bookkeeping is keyed by id(parameter): a tensor's own __hash__ is a
-        # Python call, and 50 gradients a step asked it about 350 times (~0.1 ms a step).
+        # Python call, and the hooks ask it several times per gradient every step.
         self._groups = {id(p): group for p, group in groups_of.items()}
         self._passes_left = {id(p): backward_passes_per_step for p in params}
         self._group_ready = {}

@@ -1,12 +1,12 @@
 """Keras' JAX trainer applies gradients inside `jax.jit`, where they are tracers: they leave
 the compiled step through a host callback, packed into one array by the step itself, since
-every array crossing a callback costs a conversion each way (an 8 x 256 MLP's model.fit on 2
-ranks ran at about 0.3 of independent ranks with its 18 gradients passed one by one, near
-0.5 packed). On the host the packed array is reduced as a group of views of its members, so
-that ranks still compare every member's shape (two models whose gradients merely add up to
-the same length must not be summed). `io_callback`, because JAX may drop or repeat a
-`pure_callback`, and a collective must run exactly once per step on every rank; `ordered`
-keeps it in program order with any other callback."""
+every array crossing a callback costs a conversion each way, which for a step's many
+gradients passed one by one costs far more than packing them. On the host the packed array
+is reduced as a group of views of its members, so that ranks still compare every member's
+shape (two models whose gradients merely add up to the same length must not be summed).
+`io_callback`, because JAX may drop or repeat a `pure_callback`, and a collective must run
+exactly once per step on every rank; `ordered` keeps it in program order with any other
+callback."""
 
 import math
 
