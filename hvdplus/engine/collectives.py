@@ -13,7 +13,7 @@ from ..common.dtypes import dtype_name
 from ..common.reduce_ops import ReduceOp
 from . import arguments, runtime
 from .groups import grouped_request
-from .handles import HandleGroup
+from .handles import Handle
 from .protocol import Agreement, Collective, Request
 from .requests import input_error
 
@@ -109,8 +109,10 @@ def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outp
     arrays = list(arrays)
     outputs = list(outputs) if outputs is not None else [None] * len(arrays)
     group = live.name_for("grouped_allreduce", name)
-    if not arrays:
-        return HandleGroup(group, [])
+    if not arrays:  # nothing to agree on: done at once, on every rank alike
+        empty = Handle(group, live.engine)
+        empty.set_result([])
+        return empty
     try:
         request, payload, finish = grouped_request(
             group, arrays, outputs, op, prescale_factor, postscale_factor, live.algorithms.outputs,

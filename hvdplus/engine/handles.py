@@ -22,6 +22,13 @@ class Handle:
         # Turns the engine's output into what the caller asked for (e.g. a tensor), on wait().
         self._finish = finish
 
+    def then(self, step):
+        """Have wait() pass the result through `step` too, after this handle's own finishing
+        step: adapters turn the core's arrays into their tensors this way. Returns the handle."""
+        finish = self._finish
+        self._finish = step if finish is None else _chained(finish, step)
+        return self
+
     def __repr__(self):
         return f"<hvdplus.Handle {self.name!r} {'done' if self._done else 'pending'}>"
 
@@ -48,6 +55,10 @@ class Handle:
         if self._error is not None:
             raise self._error
         return self._finish(self._result) if self._finish is not None else self._result
+
+
+def _chained(first, second):
+    return lambda result: second(first(result))
 
 
 class HandleGroup:

@@ -10,7 +10,7 @@ import torch
 
 from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
 from ..engine import collectives, runtime
-from ..engine.handles import HandleGroup
+from ..engine.handles import Handle, HandleGroup
 from .buffers import (
     as_array,
     as_arrays,
@@ -29,26 +29,6 @@ __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "join", "barrier", "poll", "synchronize",
 ]
-
-
-class TensorHandle:
-    """A core handle whose result is turned into tensors on synchronize."""
-
-    __slots__ = ("_core", "_finish")
-
-    def __init__(self, core, finish=None):
-        self._core = core
-        self._finish = finish
-
-    def done(self) -> bool:
-        return self._core.done()
-
-    def poll(self) -> bool:
-        return self._core.poll()
-
-    def wait(self):
-        result = self._core.wait()
-        return self._finish(result) if self._finish is not None else result
 
 
 def poll(handle) -> bool:
@@ -72,7 +52,7 @@ def _checked(kind, name, tensors, in_place=False):
         for tensor in tensors:
             check_tensor(tensor, _what(kind, name), in_place)
     except (TypeError, ValueError) as error:
-        return TensorHandle(collectives.input_error_async(kind, name, error))
+        return collectives.input_error_async(kind, name, error)
     return None
 
 
@@ -81,7 +61,7 @@ def _grouped_arrays(name, tensors, in_place=False):
     try:
         return as_arrays(tensors, _what("grouped_allreduce", name), in_place)
     except (TypeError, ValueError) as error:
-        return TensorHandle(collectives.grouped_input_error_async(name, error))
+        return collectives.grouped_input_error_async(name, error)
 
 
 # -- all-reduce ---------------------------------------------------------------------------
@@ -92,7 +72,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
         return failed
     core = collectives.allreduce_async(as_array(tensor), name, reduce_op_from(average, op),
                                        prescale_factor, postscale_factor)
-    return TensorHandle(core, lambda result: to_tensor(result, tensor))
+    return core.then(lambda result: to_tensor(result, tensor))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
@@ -103,7 +83,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     array, finish = as_in_place_array(tensor)
     core = collectives.allreduce_async(array, name, reduce_op_from(average, op),
                                        prescale_factor, postscale_factor, output=array)
-    return TensorHandle(core, lambda _: finish())
+    return core.then(lambda _: finish())
 
 
 def _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression):
@@ -147,18 +127,18 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     """Start all-reduces of `tensors` as one fused group; synchronize returns new tensors."""
     tensors = list(tensors)
     arrays = _grouped_arrays(name, tensors)
-    if isinstance(arrays, TensorHandle):
+    if isinstance(arrays, Handle):
         return arrays
     core = collectives.grouped_allreduce_async(arrays, name, reduce_op_from(average, op),
                                                prescale_factor, postscale_factor)
-    return TensorHandle(core, lambda results: [to_tensor(r, t) for r, t in zip(results, tensors)])
+    return core.then(lambda results: [to_tensor(r, t) for r, t in zip(results, tensors)])
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
     """Start in-place all-reduces of `tensors` as one fused group."""
     tensors = list(tensors)
     arrays = _grouped_arrays(name, tensors, in_place=True)
-    if isinstance(arrays, TensorHandle):
+    if isinstance(arrays, Handle):
         return arrays
     # Host copies of CUDA tensors go back once reduced; CPU tensors were reduced where they lie.
     staged = [(array, tensor) for array, tensor in zip(arrays, tensors) if not tensor.is_cpu]
@@ -170,7 +150,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
             copy_back(array, tensor)
         return tensors
 
-    return TensorHandle(core, finish)
+    return core.then(finish)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -194,7 +174,7 @@ def allgather_async(tensor, name=None):
     if failed:
         return failed
     core = collectives.allgather_async(as_array(tensor), name)
-    return TensorHandle(core, lambda result: to_tensor(result, tensor))
+    return core.then(lambda result: to_tensor(result, tensor))
 
 
 class _AllgatherFunction(torch.autograd.Function):
@@ -241,7 +221,7 @@ def broadcast_async(tensor, root_rank, name=None):
     if failed:
         return failed
     core = collectives.broadcast_async(as_array(tensor), root_rank, name)
-    return TensorHandle(core, lambda result: to_tensor(result, tensor))
+    return core.then(lambda result: to_tensor(result, tensor))
 
 
 def broadcast_async_(tensor, root_rank, name=None):
@@ -256,7 +236,7 @@ def broadcast_async_(tensor, root_rank, name=None):
         return finish()
 
     core = collectives.broadcast_async(array, root_rank, name)
-    return TensorHandle(core, write_back)
+    return core.then(write_back)
 
 
 class _BroadcastFunction(torch.autograd.Function):
@@ -296,7 +276,7 @@ def alltoall_async(tensor, splits=None, name=None):
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
     core = collectives.alltoall_async(as_array(tensor), splits, name)
-    return TensorHandle(core, lambda result: (to_tensor(result[0], tensor), torch.from_numpy(result[1])))
+    return core.then(lambda result: (to_tensor(result[0], tensor), torch.from_numpy(result[1])))
 
 
 class _AlltoallFunction(torch.autograd.Function):
@@ -332,7 +312,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, post
     if failed:
         return failed
     core = collectives.reducescatter_async(as_array(tensor), name, op, prescale_factor, postscale_factor)
-    return TensorHandle(core, lambda result: to_tensor(result, tensor))
+    return core.then(lambda result: to_tensor(result, tensor))
 
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
