@@ -4,7 +4,7 @@ import pytest
 
 from hvdplus.common.errors import TensorMismatchError
 from hvdplus.common.reduce_ops import Max, Sum
-from hvdplus.engine.protocol import Agreement, Collective, Request
+from hvdplus.engine.protocol import Agreement, Collective, GroupLayout, Request
 from hvdplus.engine.requests import check_agreement, describe_by_rank, input_error
 
 
@@ -57,3 +57,13 @@ def test_a_mismatch_in_members_is_reported_before_the_packed_length():
 
     with pytest.raises(TensorMismatchError, match=r"Mismatched member shapes .*rank 0 had \(\(2,\), \(3,\)\)"):
         check_agreement([group(((2,), (3,))), group(((3,), (3,)))])
+
+
+def test_ranks_that_lay_a_group_out_differently_fail_the_check():
+    def group(layout):
+        return Request(Collective.ALLREDUCE, "g", Agreement(member_dtypes=("float32",), member_shapes=((2,),),
+                                                            dtype="float32", shape=(2,), reduce_op=Sum, layout=layout))
+
+    with pytest.raises(TensorMismatchError, match="Mismatched group layouts for 'g' \\(allreduce\\): "
+                                                  "rank 0 had members, rank 1 had packed"):
+        check_agreement([group(GroupLayout.MEMBERS), group(GroupLayout.PACKED)])

@@ -12,8 +12,8 @@ import numpy as np
 from ..comm import mpi_collectives
 from ..common.dtypes import accumulation_dtype, dtype_name, itemsize_of
 from ..common.reduce_ops import ReduceOp
-from .groups import Members, reduced_member_wise
-from .protocol import Collective
+from .groups import Members
+from .protocol import Collective, GroupLayout
 from .timeline import now_us
 
 __all__ = ["JOINED", "execute_batch"]
@@ -82,7 +82,10 @@ def fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline=None):
 
 def _reducible_in_place(algorithms, agree) -> bool:
     """On one node, tensors already in their accumulation dtype and not prescaled are
-    reduced where they lie (or in their output) instead of through the fusion buffer."""
+    reduced where they lie (or in their output) instead of through the fusion buffer; a
+    group laid out member by member is one of them (groups.group_layout)."""
+    if agree.layout is GroupLayout.MEMBERS:
+        return True
     return (algorithms.engine_algorithm == "shm" and agree.prescale == 1.0
             and dtype_name(accumulation_dtype(agree.dtype)) == agree.dtype)
 
@@ -124,7 +127,7 @@ def _joined_zeros(request):
     """A joined rank's stand-ins for a request: one flat array, or one per member of a group
     that the other ranks reduce member by member."""
     agree = request.agree
-    if not reduced_member_wise(agree):
+    if agree.layout is not GroupLayout.MEMBERS:
         return [_zeros_to_reduce(request).reshape(-1)]
     dtype = accumulation_dtype(agree.dtype)
     return [np.zeros(math.prod(shape), dtype=dtype) for shape in agree.member_shapes]

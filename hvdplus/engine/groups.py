@@ -41,9 +41,9 @@ from ..comm.output_pool import ALIGNMENT
 from ..common.dtypes import accumulation_dtype, dtype_name
 from ..common.reduce_ops import ReduceOp
 from . import arguments
-from .protocol import Agreement, Collective, Request
+from .protocol import Agreement, Collective, GroupLayout, Request
 
-__all__ = ["Members", "grouped_request", "reduced_member_wise"]
+__all__ = ["Members", "grouped_request", "group_layout"]
 
 _FLOAT64 = np.dtype(np.float64)
 
@@ -59,12 +59,15 @@ class Members:
         self.outputs = outputs  # the members themselves where reduced in place
 
 
-def reduced_member_wise(agree) -> bool:
-    """Whether an agreed request that the engine reduces in shared memory (from where the
-    tensors lie) is a group reduced member by member: one rule for every rank, joined ranks
-    included."""
-    member_dtypes = agree.member_dtypes
-    return member_dtypes is not None and all(name == agree.dtype for name in member_dtypes)
+def group_layout(member_dtypes, reduce_as: str, prescale: float, in_shared_memory: bool) -> GroupLayout:
+    """The one rule for how a group is laid out, from values every rank agrees on and
+    whether the engine reduces in shared memory (all ranks on one node): there a group is
+    reduced from where its members lie if nothing is prescaled and every member is already
+    of the type it is reduced in (`reduce_as`). The layout is agreed with the rest, so the
+    executor and a joined rank read it from the request rather than deciding again."""
+    if in_shared_memory and prescale == 1.0 and all(name == reduce_as for name in member_dtypes):
+        return GroupLayout.MEMBERS
+    return GroupLayout.PACKED
 
 
 def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_factor, pool,
@@ -73,10 +76,9 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
 
     `outputs` holds one output array or None per member (the member itself: in place);
     `pool` gives the packed buffer, which the results (views of it) keep alive;
-    `in_shared_memory` says that the engine reduces in shared memory, where a group whose
-    members need no conversion is reduced from where they lie; `size` is the number of ranks.
-    `finish` turns the engine's result into the list of results. Raises
-    TypeError/ValueError naming the member for bad arguments."""
+    `in_shared_memory` says that the engine reduces in shared memory (see group_layout);
+    `size` is the number of ranks. `finish` turns the engine's result into the list of
+    results. Raises TypeError/ValueError naming the member for bad arguments."""
     members, checked = [], {}
     for index, (array, output) in enumerate(zip(arrays, outputs)):
         data = array
@@ -100,12 +102,13 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
     names = {dtype: dtype_name(dtype) for dtype in checked}
     counts = [data.size for data in members]
     starts, packed_size = _packed_layout(counts, reduce_as.itemsize)
-    agree = Agreement(member_dtypes=tuple(names[data.dtype] for data in members),
-                      member_shapes=tuple(data.shape for data in members),
+    member_dtypes = tuple(names[data.dtype] for data in members)
+    agree = Agreement(member_dtypes=member_dtypes, member_shapes=tuple(data.shape for data in members),
                       in_place=all(out is data for out, data in zip(outputs, members)),
                       dtype=reduce_as.name, shape=(packed_size,), reduce_op=op,
-                      prescale=prescale, postscale=postscale)
-    if in_shared_memory and prescale == 1.0 and reduced_member_wise(agree):
+                      prescale=prescale, postscale=postscale,
+                      layout=group_layout(member_dtypes, reduce_as.name, prescale, in_shared_memory))
+    if agree.layout is GroupLayout.MEMBERS:
         return (Request(Collective.ALLREDUCE, group, agree),) + _member_wise(members, outputs, starts, packed_size, pool)
 
     def finish(reduced):

@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ..common.reduce_ops import ReduceOp
 
-__all__ = ["Collective", "JOINABLE", "Token", "Outcome", "Agreement", "AGREEMENT_FIELDS", "NOTHING_TO_AGREE",
-           "Request", "Batch"]
+__all__ = ["Collective", "JOINABLE", "Token", "Outcome", "GroupLayout", "Agreement", "AGREEMENT_FIELDS",
+           "NOTHING_TO_AGREE", "Request", "Batch"]
 
 
 class Collective(enum.Enum):
@@ -57,6 +57,16 @@ class Outcome(enum.Enum):
         return self.value
 
 
+class GroupLayout(enum.Enum):
+    """Where a grouped all-reduce's members are reduced (see groups.group_layout)."""
+
+    MEMBERS = "members"  # each member where it lies, into its output
+    PACKED = "packed"  # the members packed end to end into one buffer
+
+    def __str__(self) -> str:
+        return self.value
+
+
 def _label(text: str):
     return dataclasses.field(default=None, metadata={"label": text})
 
@@ -80,6 +90,7 @@ class Agreement:
     reduce_op: Optional[ReduceOp] = _label("reduce ops")
     prescale: Optional[float] = _label("prescale factors")
     postscale: Optional[float] = _label("postscale factors")
+    layout: Optional[GroupLayout] = _label("group layouts")
     # Average's 1/size applied by every rank as it packed a group, so the sum is the average.
     averaged_while_packing: bool = dataclasses.field(default=False, metadata={"label": "averaged while packing"})
 
