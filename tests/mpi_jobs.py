@@ -1,4 +1,5 @@
-"""Starting real MPI jobs from single-process tests, always with a timeout."""
+"""Starting real MPI jobs from single-process tests, always with a timeout. Tests reach this
+through the `mpi_job` fixture (tests/conftest.py), never by importing it."""
 
 import os
 import signal
@@ -59,3 +60,13 @@ def run_pytest_on_ranks(nranks, paths, env=None, timeout=240, python=sys.executa
         f"--- stdout ---\n{result.stdout[-20000:]}\n--- stderr ---\n{result.stderr[-8000:]}"
     )
     return result
+
+
+class MpiJob:
+    """What the `mpi_job` fixture gives a test: calling it is `launch`; `run_pytest_on_ranks`
+    and `run_ending_on_timeout` serve tests that run pytest in every rank or build the
+    launcher's command line themselves."""
+
+    __call__ = staticmethod(launch)
+    run_pytest_on_ranks = staticmethod(run_pytest_on_ranks)
+    run_ending_on_timeout = staticmethod(run_ending_on_timeout)

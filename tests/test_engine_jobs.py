@@ -7,19 +7,17 @@ import time
 
 import pytest
 
-from mpi_jobs import launch
-
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
 
 
-def run_job(nranks, code, env=None, timeout=90):
+def run_job(mpi_job, nranks, code, env=None, timeout=90):
     started = time.monotonic()
-    result = launch(nranks, [sys.executable, "-c", textwrap.dedent(code)], env=env, timeout=timeout)
+    result = mpi_job(nranks, [sys.executable, "-c", textwrap.dedent(code)], env=env, timeout=timeout)
     return result, time.monotonic() - started
 
 
-def test_stall_warning_names_tensor_and_missing_rank():
-    result, _ = run_job(2, """
+def test_stall_warning_names_tensor_and_missing_rank(mpi_job):
+    result, _ = run_job(mpi_job, 2, """
         import time, numpy as np, hvdplus as hvd
         hvd.init()
         if hvd.rank() == 1:
@@ -33,8 +31,8 @@ def test_stall_warning_names_tensor_and_missing_rank():
     assert output.count("result [2. 2.]") == 2
 
 
-def test_stall_shutdown_raises_on_every_rank_instead_of_hanging():
-    result, elapsed = run_job(2, """
+def test_stall_shutdown_raises_on_every_rank_instead_of_hanging(mpi_job):
+    result, elapsed = run_job(mpi_job, 2, """
         import time, numpy as np, hvdplus as hvd
         hvd.init()
         try:
@@ -61,9 +59,9 @@ def read_trace(path, terminated):
 
 
 @pytest.mark.parametrize("abrupt", [False, True], ids=["normal-exit", "killed"])
-def test_timeline_is_a_chrome_trace(tmp_path, abrupt):
+def test_timeline_is_a_chrome_trace(mpi_job, tmp_path, abrupt):
     path = tmp_path / "timeline.json"
-    result, _ = run_job(2, f"""
+    result, _ = run_job(mpi_job, 2, f"""
         import os, numpy as np, hvdplus as hvd
         hvd.init()
         # float16 goes through the fusion buffer; float64 is reduced where it lies.
@@ -89,8 +87,8 @@ def test_timeline_is_a_chrome_trace(tmp_path, abrupt):
     assert max(together) > 1
 
 
-def test_pending_handles_fail_clearly_at_shutdown():
-    result, elapsed = run_job(2, """
+def test_pending_handles_fail_clearly_at_shutdown(mpi_job):
+    result, elapsed = run_job(mpi_job, 2, """
         import numpy as np, hvdplus as hvd
         hvd.init()
         if hvd.rank() == 1:
@@ -110,8 +108,8 @@ def test_pending_handles_fail_clearly_at_shutdown():
     assert elapsed < 30
 
 
-def test_a_rank_exiting_early_fails_the_others_instead_of_hanging():
-    result, elapsed = run_job(2, """
+def test_a_rank_exiting_early_fails_the_others_instead_of_hanging(mpi_job):
+    result, elapsed = run_job(mpi_job, 2, """
         import sys, numpy as np, hvdplus as hvd
         hvd.init()
         if hvd.rank() == 1:
@@ -123,9 +121,9 @@ def test_a_rank_exiting_early_fails_the_others_instead_of_hanging():
     assert elapsed < 30
 
 
-def test_timeline_started_and_stopped_at_runtime(tmp_path):
+def test_timeline_started_and_stopped_at_runtime(mpi_job, tmp_path):
     path = tmp_path / "runtime.json"
-    result, _ = run_job(2, f"""
+    result, _ = run_job(mpi_job, 2, f"""
         import numpy as np, hvdplus as hvd
         hvd.init()
         hvd.allreduce(np.ones(2), name="before_start")

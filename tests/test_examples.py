@@ -5,13 +5,12 @@ import sys
 
 import pytest
 
-from mpi_jobs import launch
-
 pytest.importorskip("sklearn")
+pytestmark = pytest.mark.mpi
 
 
-def final_line(nranks):
-    result = launch(nranks, [sys.executable, "examples/numpy_logistic_regression.py", "--steps", "120"], timeout=120)
+def final_line(mpi_job, nranks):
+    result = mpi_job(nranks, [sys.executable, "examples/numpy_logistic_regression.py", "--steps", "120"], timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     match = re.search(r"ranks (\d+)  final loss ([\d.]+)  test accuracy ([\d.]+)", result.stdout)
     assert match, result.stdout
@@ -19,11 +18,11 @@ def final_line(nranks):
 
 
 @pytest.mark.timeout(300)
-def test_logistic_regression_is_the_same_model_on_one_two_and_three_ranks():
-    single = final_line(1)
+def test_logistic_regression_is_the_same_model_on_one_two_and_three_ranks(mpi_job):
+    single = final_line(mpi_job, 1)
     assert single[0] == 1 and single[2] > 0.9
     for nranks in (2, 3):
-        ranks, loss, accuracy = final_line(nranks)
+        ranks, loss, accuracy = final_line(mpi_job, nranks)
         assert ranks == nranks
         # Summed gradients over shards are the full-batch gradient: only rounding differs.
         assert loss == pytest.approx(single[1], rel=1e-6)

@@ -6,18 +6,17 @@ import sys
 
 import pytest
 
-from mpi_jobs import launch
-
 pytest.importorskip("sklearn")
+pytestmark = pytest.mark.mpi
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["torch", "tensorflow", "jax"])
-def test_keras_digits_trains_on_two_ranks(backend, tmp_path):
+def test_keras_digits_trains_on_two_ranks(mpi_job, backend, tmp_path):
     if importlib.util.find_spec("keras") is None or importlib.util.find_spec(backend) is None:
         pytest.skip(f"keras with the {backend} backend is not installed")
     checkpoint = tmp_path / "best.keras"
-    result = launch(2, [sys.executable, "examples/keras_digits.py", "--epochs", "6", "--checkpoint", str(checkpoint)],
+    result = mpi_job(2, [sys.executable, "examples/keras_digits.py", "--epochs", "6", "--checkpoint", str(checkpoint)],
                     env={"KERAS_BACKEND": backend}, timeout=280)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     finals = re.findall(r"final validation accuracy ([\d.]+) \(backend (\w+), 2 ranks", result.stdout)

@@ -5,31 +5,33 @@ import importlib.util
 
 import pytest
 
-from mpi_jobs import run_pytest_on_ranks
+pytestmark = pytest.mark.mpi
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nranks", [1, 2, 3])
-def test_collectives_and_errors(nranks):
-    run_pytest_on_ranks(nranks, ["tests/mpi"])
+def test_collectives_and_errors(mpi_job, nranks):
+    mpi_job.run_pytest_on_ranks(nranks, ["tests/mpi"])
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "nranks, ranks_per_node", [(4, 2), (3, 2)], ids=["4-ranks-as-2x2", "3-ranks-as-2+1"]
 )
-def test_topology_with_simulated_nodes(nranks, ranks_per_node):
-    run_pytest_on_ranks(
+def test_topology_with_simulated_nodes(mpi_job, nranks, ranks_per_node):
+    mpi_job.run_pytest_on_ranks(
         nranks, ["tests/mpi/test_topology.py"], env={"HVDPLUS_RANKS_PER_NODE": str(ranks_per_node)}
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_collectives_with_tiny_fusion_buffer_no_response_cache_and_overlap():
+def test_collectives_with_tiny_fusion_buffer_no_response_cache_and_overlap(mpi_job):
     # Every fused batch splits and every name negotiates in full: the paths steady state skips.
     # Overlap on: collectives run in the background at once (auto picks off on this machine);
     # single copy off: large shared-memory all-reduces stage through the window instead.
-    run_pytest_on_ranks(
+    mpi_job.run_pytest_on_ranks(
         3, ["tests/mpi"],
         env={"HVDPLUS_FUSION_THRESHOLD": "1000", "HVDPLUS_CACHE_CAPACITY": "0", "HVDPLUS_OVERLAP": "on",
              "HVDPLUS_SINGLE_COPY": "0"},
@@ -37,16 +39,16 @@ def test_collectives_with_tiny_fusion_buffer_no_response_cache_and_overlap():
 
 
 @pytest.mark.timeout(300)
-def test_engine_packing_groups_on_two_ranks():
+def test_engine_packing_groups_on_two_ranks(mpi_job):
     # With MPI as the engine's algorithm nothing is reduced where it lies: groups are packed,
     # and a packed Average over two ranks is applied while packing.
-    run_pytest_on_ranks(2, ["tests/mpi/test_engine.py"], env={"HVDPLUS_ALLREDUCE_ALGO": "mpi"})
+    mpi_job.run_pytest_on_ranks(2, ["tests/mpi/test_engine.py"], env={"HVDPLUS_ALLREDUCE_ALGO": "mpi"})
 
 
 @pytest.mark.timeout(300)
-def test_engine_and_optimizer_with_overlap_on_two_ranks():
-    run_pytest_on_ranks(2, ["tests/mpi/test_engine.py", "tests/mpi/test_torch_optimizer.py"],
-                        env={"HVDPLUS_OVERLAP": "on"})
+def test_engine_and_optimizer_with_overlap_on_two_ranks(mpi_job):
+    mpi_job.run_pytest_on_ranks(2, ["tests/mpi/test_engine.py", "tests/mpi/test_torch_optimizer.py"],
+                                env={"HVDPLUS_OVERLAP": "on"})
 
 
 @pytest.mark.timeout(300)
@@ -55,9 +57,9 @@ def test_engine_and_optimizer_with_overlap_on_two_ranks():
     [(4, 0), (4, 2), (3, 2), (6, 2), (3, 1)],
     ids=["4-ranks-one-node", "2x2-nodes", "2+1-uneven-nodes", "3x2-nodes", "3x1-nodes"],
 )
-def test_algorithms_with_simulated_nodes(nranks, ranks_per_node):
+def test_algorithms_with_simulated_nodes(mpi_job, nranks, ranks_per_node):
     # 0 means no simulation: every rank on this machine's one node.
-    run_pytest_on_ranks(
+    mpi_job.run_pytest_on_ranks(
         nranks, ["tests/mpi/test_algorithms.py"], env={"HVDPLUS_RANKS_PER_NODE": str(ranks_per_node)}
     )
 
@@ -65,7 +67,7 @@ def test_algorithms_with_simulated_nodes(nranks, ranks_per_node):
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("nranks", [2, 3])
 @pytest.mark.parametrize("backend", ["torch", "tensorflow", "jax"])
-def test_keras_on_each_backend(backend, nranks):
+def test_keras_on_each_backend(mpi_job, backend, nranks):
     if importlib.util.find_spec("keras") is None or importlib.util.find_spec(backend) is None:
         pytest.skip(f"keras with the {backend} backend is not installed")
-    run_pytest_on_ranks(nranks, ["tests/mpi_keras"], env={"KERAS_BACKEND": backend}, timeout=380)
+    mpi_job.run_pytest_on_ranks(nranks, ["tests/mpi/keras"], env={"KERAS_BACKEND": backend}, timeout=380)

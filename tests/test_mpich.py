@@ -14,8 +14,9 @@ import sys
 
 import pytest
 
-from mpi_jobs import REPO, run_pytest_on_ranks
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPICH_ENV_PACKAGES = ["mpi4py==4.1.2", "mpich==5.0.2", "numpy", "ml_dtypes", "pytest", "pytest-timeout"]
 
 
@@ -51,8 +52,8 @@ def test_hvdplusrun_finds_mpich_there(mpich_python):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_core_suites_on_mpich(mpich_python, nranks):
-    result = run_pytest_on_ranks(nranks, ["tests/mpi"], env=mpich_job_env(mpich_python), python=mpich_python)
+def test_core_suites_on_mpich(mpi_job, mpich_python, nranks):
+    result = mpi_job.run_pytest_on_ranks(nranks, ["tests/mpi"], env=mpich_job_env(mpich_python), python=mpich_python)
     # Whole lines tagged by hvdplusrun from hydra's marked pieces: no marker left over.
     assert "\x1f" not in result.stdout + result.stderr
     for rank in range(nranks):

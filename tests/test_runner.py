@@ -1,9 +1,9 @@
 """Tests of the `hvdplusrun` launcher (hvdplus/runner).
 
 Pure functions (host parsing, command building for each MPI, discovery, tuning flags) are
-tested directly; the rest starts real jobs of 2 or 3 ranks through `python -m hvdplus.runner`
-with the MPI it finds (Open MPI in CI; MPICH works too). Rank code uses mpi4py only, not
-hvdplus' runtime.
+tested directly; the rest (marked `mpi`) runs `python -m hvdplus.runner`, most of it as real
+jobs of 2 or 3 ranks, with the MPI it finds (Open MPI in CI; MPICH works too). Rank code uses
+mpi4py only, not hvdplus' runtime.
 """
 
 import functools
@@ -37,18 +37,17 @@ from hvdplus.runner.rank_output import MARKER_PATTERN, RankLineTagger, start_rel
 from hvdplus.runner.rank_threads import cpu_quota, rank_threads_environment, threads_note, usable_cores
 from hvdplus.runner.supervise import exit_status, run_supervised
 from hvdplus.runner.tuning import tuning_environment
-from mpi_jobs import launch, run_ending_on_timeout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = [sys.executable, "-m", "hvdplus.runner"]
 JOB_TIMEOUT = 60
 
 
-def run_launcher(args, env=None, timeout=JOB_TIMEOUT):
+def run_launcher(mpi_job, args, env=None, timeout=JOB_TIMEOUT):
     """Run hvdplusrun to completion; on timeout, stop it as a user would, then fail."""
     full_env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))
     try:
-        return run_ending_on_timeout(LAUNCHER + list(args), full_env, timeout)
+        return mpi_job.run_ending_on_timeout(LAUNCHER + list(args), full_env, timeout)
     except subprocess.TimeoutExpired as expired:
         pytest.fail(f"hvdplusrun {args} ran past {timeout}s\n{expired.output}\n{expired.stderr}")
 
@@ -400,9 +399,10 @@ def test_supervisor_kills_a_child_that_ignores_sigterm(tmp_path):
 # --- real jobs -----------------------------------------------------------------------------------
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_three_ranks_run_and_verbose_shows_mpirun_line():
-    result = run_launcher([
+def test_three_ranks_run_and_verbose_shows_mpirun_line(mpi_job):
+    result = run_launcher(mpi_job, [
         "--verbose", "-np", "3", sys.executable, "-c",
         rank_snippet("print(f'RANK {rank} OF {size}', flush=True)"),
     ])
@@ -414,11 +414,12 @@ def test_three_ranks_run_and_verbose_shows_mpirun_line():
     assert " ".join(dialect.no_binding()) in command_line
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_rank_exit_code_ends_job_while_others_wait_in_barrier():
+def test_rank_exit_code_ends_job_while_others_wait_in_barrier(mpi_job):
     skip_unless_a_rank_exiting_ends_the_job()
     started = time.monotonic()
-    result = run_launcher([
+    result = run_launcher(mpi_job, [
         "-np", "2", sys.executable, "-c",
         rank_snippet("if rank == 1:\n    sys.exit(3)\ncomm.Barrier()\n"),
     ])
@@ -426,10 +427,11 @@ def test_rank_exit_code_ends_job_while_others_wait_in_barrier():
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_rank_raising_fails_the_job():
+def test_rank_raising_fails_the_job(mpi_job):
     skip_unless_a_rank_exiting_ends_the_job()
-    result = run_launcher([
+    result = run_launcher(mpi_job, [
         "-np", "2", sys.executable, "-c",
         rank_snippet("if rank == 0:\n    raise RuntimeError('rank zero broke')\ncomm.Barrier()\n"),
     ])
@@ -437,25 +439,28 @@ def test_rank_raising_fails_the_job():
     assert "rank zero broke" in result.stdout + result.stderr
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(60)
-def test_missing_program_fails_promptly_with_mpiruns_message():
+def test_missing_program_fails_promptly_with_mpiruns_message(mpi_job):
     started = time.monotonic()
-    result = run_launcher(["-np", "2", "no_such_program_hvdplus"])
+    result = run_launcher(mpi_job, ["-np", "2", "no_such_program_hvdplus"])
     assert result.returncode != 0
     assert "no_such_program_hvdplus" in result.stdout + result.stderr
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(60)
-def test_no_mpirun_found_says_how_to_get_one():
-    result = run_launcher(["-np", "2", "true"], env={"HVDPLUS_MPIRUN": "/nonexistent"})
+def test_no_mpirun_found_says_how_to_get_one(mpi_job):
+    result = run_launcher(mpi_job, ["-np", "2", "true"], env={"HVDPLUS_MPIRUN": "/nonexistent"})
     assert result.returncode == 2
     assert "pip install" in result.stderr and "/nonexistent" in result.stderr
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(60)
-def test_check_build():
-    result = run_launcher(["--check-build"])
+def test_check_build(mpi_job):
+    result = run_launcher(mpi_job, ["--check-build"])
     assert result.returncode == 0, result.stderr
     from hvdplus.version import __version__
 
@@ -464,9 +469,10 @@ def test_check_build():
         assert expected in result.stdout
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_tuning_flags_reach_every_rank(tmp_path):
-    result = run_launcher([
+def test_tuning_flags_reach_every_rank(mpi_job, tmp_path):
+    result = run_launcher(mpi_job, [
         "-np", "2", "--fusion-threshold-mb", "2", "--cycle-time-ms", "3.5",
         "--timeline-filename", str(tmp_path / "timeline.json"), "--allreduce-algo", "shm",
         "--hierarchical-allreduce", "--stall-check-time-seconds", "7",
@@ -511,31 +517,33 @@ def test_cpu_quota_of_a_container(tmp_path, text, cores):
     assert cpu_quota(str(tmp_path / "absent")) is None
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("preset", [None, "3"])
-def test_rank_threads_reach_every_rank(preset):
+def test_rank_threads_reach_every_rank(mpi_job, preset):
     env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
     if preset:
         env["OMP_NUM_THREADS"] = preset
     program = rank_snippet("print('THREADS', os.environ.get('OMP_NUM_THREADS'), flush=True)\n")
-    result = run_ending_on_timeout(LAUNCHER + ["-np", "2", sys.executable, "-c", program],
-                                   dict(env, PYTHONPATH=REPO), JOB_TIMEOUT)
+    result = mpi_job.run_ending_on_timeout(LAUNCHER + ["-np", "2", sys.executable, "-c", program],
+                                           dict(env, PYTHONPATH=REPO), JOB_TIMEOUT)
     assert result.returncode == 0, result.stderr
     expected = preset or str(max(usable_cores(local_core_count()) // 2, 1))
     assert [line.split("THREADS ", 1)[1] for line in result.stdout.splitlines() if "THREADS " in line] == [expected] * 2
     assert ("hvdplusrun: OMP_NUM_THREADS=" in result.stderr) == (preset is None)
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("placement", ["hosts", "hostfile"])
-def test_three_ranks_on_localhost_slots(tmp_path, placement):
+def test_three_ranks_on_localhost_slots(mpi_job, tmp_path, placement):
     if placement == "hosts":
         flags = ["-H", "localhost:3"]
     else:
         hostfile = tmp_path / "hosts"
         hostfile.write_text("# this machine only\n\nlocalhost slots=3\n")
         flags = ["--hostfile", str(hostfile)]
-    result = run_launcher([
+    result = run_launcher(mpi_job, [
         "--verbose", *flags, sys.executable, "-c", rank_snippet("print(f'RANK {rank} OF {size}')"),
     ])
     assert result.returncode == 0, result.stderr
@@ -543,10 +551,11 @@ def test_three_ranks_on_localhost_slots(tmp_path, placement):
     assert "--oversubscribe" not in result.stdout.splitlines()[0]
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_output_filename_writes_one_file_per_rank(tmp_path):
+def test_output_filename_writes_one_file_per_rank(mpi_job, tmp_path):
     out = tmp_path / "logs"
-    result = run_launcher([
+    result = run_launcher(mpi_job, [
         "-np", "2", "--output-filename", str(out), sys.executable, "-c",
         rank_snippet("print(f'hello from {rank}')\nprint(f'warning from {rank}', file=sys.stderr)"),
     ])
@@ -562,6 +571,7 @@ def test_output_filename_writes_one_file_per_rank(tmp_path):
         assert f"warning from {rank}" in files[f"rank.{rank}"]
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
 def test_sigterm_to_launcher_ends_every_rank(tmp_path):
     program = sleeping_ranks(tmp_path)
@@ -586,12 +596,13 @@ def test_sigterm_to_launcher_ends_every_rank(tmp_path):
         kill_leftovers(pids)
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_a_test_job_past_its_timeout_leaves_no_rank_running(tmp_path):
-    """tests/mpi_jobs ends a job that hangs, ranks included, so later tests get the cores."""
+def test_a_test_job_past_its_timeout_leaves_no_rank_running(mpi_job, tmp_path):
+    """The mpi_job fixture ends a job that hangs, ranks included, so later tests get the cores."""
     program = sleeping_ranks(tmp_path)
     with pytest.raises(subprocess.TimeoutExpired) as expired:
-        launch(2, [sys.executable, "-c", program], timeout=15)
+        mpi_job(2, [sys.executable, "-c", program], timeout=15)
     pids = [int(name) for name in os.listdir(tmp_path)]
     try:
         assert len(pids) == 2, f"ranks did not start in time: {expired.value.stderr}"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import hvdplus as hvd
-from mpi_jobs import REPO, launch
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUERIES = [
     hvd.size, hvd.rank, hvd.local_size, hvd.local_rank, hvd.cross_size, hvd.cross_rank,
     hvd.is_homogeneous, hvd.mpi_threads_supported, hvd.mpi_enabled,
@@ -107,9 +107,10 @@ def test_plain_python_prints_size_one():
     assert result.stdout.strip() == "1"
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_hvdplusrun_three_ranks_print_their_ranks():
-    result = launch(3, [sys.executable, "-c", "import hvdplus as h; h.init(); print(h.rank(), h.size())"], timeout=60)
+def test_hvdplusrun_three_ranks_print_their_ranks(mpi_job):
+    result = mpi_job(3, [sys.executable, "-c", "import hvdplus as h; h.init(); print(h.rank(), h.size())"], timeout=60)
     assert result.returncode == 0, result.stderr
     lines = sorted(line.split("]")[-1].split(":")[-1].strip() for line in result.stdout.splitlines() if line.strip())
     assert lines == ["0 3", "1 3", "2 3"], result.stdout
@@ -123,6 +124,7 @@ def open_mpi_mpirun():
     return found if "Open MPI" in version else None
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
 def test_plain_mpirun_three_ranks():
     mpirun = open_mpi_mpirun()
@@ -138,23 +140,25 @@ def test_plain_mpirun_three_ranks():
     assert sorted(result.stdout.split("\n"))[-3:] == ["0 3", "1 3", "2 3"]
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_uncaught_exception_on_one_rank_aborts_the_job_quickly():
+def test_uncaught_exception_on_one_rank_aborts_the_job_quickly(mpi_job):
     code = (
         "import numpy as np, hvdplus as h; h.init()\n"
         "if h.rank() == 1: raise RuntimeError('boom on rank one')\n"
         "h.allreduce(np.ones(3))\n"
     )
     started = time.monotonic()
-    result = launch(2, [sys.executable, "-c", code], timeout=60)
+    result = mpi_job(2, [sys.executable, "-c", code], timeout=60)
     assert result.returncode != 0
     assert time.monotonic() - started < 30
     assert "boom on rank one" in result.stderr + result.stdout
     assert "aborting the job" in result.stderr + result.stdout
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_init_with_a_rank_list_in_a_real_job():
+def test_init_with_a_rank_list_in_a_real_job(mpi_job):
     code = (
         "import numpy as np, hvdplus as h\n"
         "from mpi4py import MPI\n"
@@ -166,15 +170,16 @@ def test_init_with_a_rank_list_in_a_real_job():
         "else:\n"
         "    print(f'world {world} left out')\n"
     )
-    result = launch(3, [sys.executable, "-c", code], timeout=60)
+    result = mpi_job(3, [sys.executable, "-c", code], timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "world 0 -> rank 0 of 2 sum 2" in result.stdout
     assert "world 2 -> rank 1 of 2 sum 2" in result.stdout
     assert "world 1 left out" in result.stdout
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_node_id_variable_groups_ranks_into_nodes():
+def test_node_id_variable_groups_ranks_into_nodes(mpi_job):
     # Ranks 0 and 2 pose as one node, 1 and 3 as another: nodes need not be contiguous.
     code = (
         "import os\n"
@@ -185,7 +190,7 @@ def test_node_id_variable_groups_ranks_into_nodes():
         "h.init()\n"
         "print(f'rank {h.rank()} local {h.local_rank()}/{h.local_size()} cross {h.cross_rank()}/{h.cross_size()}')\n"
     )
-    result = launch(4, [sys.executable, "-c", code], timeout=60)
+    result = mpi_job(4, [sys.executable, "-c", code], timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     for line in ("rank 0 local 0/2 cross 0/2", "rank 1 local 0/2 cross 1/2",
                  "rank 2 local 1/2 cross 0/2", "rank 3 local 1/2 cross 1/2"):

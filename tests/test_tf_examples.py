@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-from mpi_jobs import launch
-
 pytestmark = [
+    pytest.mark.mpi,
     pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow"),
     pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="needs scikit-learn"),
 ]
@@ -28,10 +27,10 @@ def lines_of_rank(stdout, rank):
 
 
 @pytest.mark.timeout(150)
-def test_digits_custom_loop_learns_on_2_ranks_and_only_rank_0_logs_and_checkpoints(tmp_path):
+def test_digits_custom_loop_learns_on_2_ranks_and_only_rank_0_logs_and_checkpoints(mpi_job, tmp_path):
     checkpoint = tmp_path / "digits.weights.h5"
-    result = launch(2, [sys.executable, "examples/tensorflow2_digits.py", "--checkpoint", str(checkpoint)],
-                    env=TF_QUIET, timeout=120)
+    result = mpi_job(2, [sys.executable, "examples/tensorflow2_digits.py", "--checkpoint", str(checkpoint)],
+                     env=TF_QUIET, timeout=120)
     assert result.returncode == 0, output_of(result)
     finals = re.findall(r"final test accuracy ([\d.]+)", result.stdout)
     assert len(finals) == 1 and float(finals[0]) > 0.9, output_of(result)
@@ -42,9 +41,9 @@ def test_digits_custom_loop_learns_on_2_ranks_and_only_rank_0_logs_and_checkpoin
 
 
 @pytest.mark.timeout(150)
-def test_mirrored_strategy_example_learns_and_keeps_processes_identical():
-    result = launch(2, [sys.executable, "examples/tensorflow2_mirrored.py", "--devices-per-process", "2",
-                        "--epochs", "4"], env=TF_QUIET, timeout=120)
+def test_mirrored_strategy_example_learns_and_keeps_processes_identical(mpi_job):
+    result = mpi_job(2, [sys.executable, "examples/tensorflow2_mirrored.py", "--devices-per-process", "2",
+                         "--epochs", "4"], env=TF_QUIET, timeout=120)
     assert result.returncode == 0, output_of(result)
     assert "processes 2  devices per process 2  replicas per step 4" in result.stdout, output_of(result)
     assert "weights identical on all 2 processes" in result.stdout, output_of(result)

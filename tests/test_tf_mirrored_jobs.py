@@ -17,9 +17,10 @@ import sys
 import numpy as np
 import pytest
 
-from mpi_jobs import launch
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow"),
+]
 
 STEPS, BATCH, TOKENS, VOCABULARY, EPOCHS = 3, 4, 4, 12, 2
 
@@ -102,17 +103,17 @@ def job(devices, out):
     np.savez(os.path.join(out, f"rank{rank}.npz"), **results)
 
 
-def run_job(processes, devices, out):
+def run_job(mpi_job, processes, devices, out):
     out.mkdir()
     command = [sys.executable, os.path.abspath(__file__), "--devices", str(devices), "--out", str(out)]
-    result = launch(processes, command, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=150)
+    result = mpi_job(processes, command, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=150)
     assert result.returncode == 0, f"--- stdout ---\n{result.stdout[-8000:]}\n--- stderr ---\n{result.stderr[-8000:]}"
     return [dict(np.load(out / f"rank{rank}.npz")) for rank in range(processes)]
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    return run_job(1, 2, tmp_path_factory.mktemp("single") / "job")[0]
+def references(mpi_job, tmp_path_factory):
+    return run_job(mpi_job, 1, 2, tmp_path_factory.mktemp("single") / "job")[0]
 
 
 def assert_direct_calls(ranks, devices):
@@ -139,8 +140,8 @@ def test_one_process_with_two_devices(references):
 
 
 @pytest.mark.timeout(200)
-def test_two_processes_with_two_devices_each_and_the_scaling_trap(references, tmp_path):
-    ranks = run_job(2, 2, tmp_path / "job")
+def test_two_processes_with_two_devices_each_and_the_scaling_trap(mpi_job, references, tmp_path):
+    ranks = run_job(mpi_job, 2, 2, tmp_path / "job")
     assert_direct_calls(ranks, devices=2)
     assert_trained_alike(ranks, "mirrored_2x2", references["reference_2"])
     # A sum across processes (op=Sum) trains to weights all processes share, and wrong ones.
@@ -149,9 +150,9 @@ def test_two_processes_with_two_devices_each_and_the_scaling_trap(references, tm
 
 
 @pytest.mark.timeout(200)
-def test_two_processes_with_one_device_each(references, tmp_path):
+def test_two_processes_with_one_device_each(mpi_job, references, tmp_path):
     # The case in which TensorFlow skips cross-device ops it believes have one worker.
-    ranks = run_job(2, 1, tmp_path / "job")
+    ranks = run_job(mpi_job, 2, 1, tmp_path / "job")
     assert_direct_calls(ranks, devices=1)
     assert_trained_alike(ranks, "mirrored_2x1", references["reference_2"])
     assert_trained_alike(ranks, "eager_2x1", references["reference_2"])

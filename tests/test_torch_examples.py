@@ -6,11 +6,10 @@ import sys
 
 import pytest
 
-from mpi_jobs import launch
-
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 pytest.importorskip("tqdm")
+pytestmark = pytest.mark.mpi
 
 
 def output_of(result):
@@ -18,10 +17,10 @@ def output_of(result):
 
 
 @pytest.mark.timeout(150)
-def test_digits_learns_on_2_ranks_and_only_rank_0_logs_and_checkpoints(tmp_path):
+def test_digits_learns_on_2_ranks_and_only_rank_0_logs_and_checkpoints(mpi_job, tmp_path):
     checkpoint = tmp_path / "ckpt.pt"
-    result = launch(2, [sys.executable, "examples/pytorch_digits.py", "--checkpoint", str(checkpoint)],
-                    timeout=120)
+    result = mpi_job(2, [sys.executable, "examples/pytorch_digits.py", "--checkpoint", str(checkpoint)],
+                     timeout=120)
     assert result.returncode == 0, output_of(result)
 
     finals = re.findall(r"final test accuracy ([\d.]+)", result.stdout)
@@ -41,10 +40,10 @@ def test_digits_learns_on_2_ranks_and_only_rank_0_logs_and_checkpoints(tmp_path)
 
 
 @pytest.mark.timeout(90)
-def test_synthetic_benchmark_reports_total_throughput_of_2_ranks():
+def test_synthetic_benchmark_reports_total_throughput_of_2_ranks(mpi_job):
     args = [sys.executable, "examples/pytorch_synthetic_benchmark.py", "--batch-size", "4", "--image-size", "16",
             "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2", "--fp16-allreduce"]
-    result = launch(2, args, timeout=60)
+    result = mpi_job(2, args, timeout=60)
     assert result.returncode == 0, output_of(result)
     assert len(re.findall(r"Iter #\d+: ", result.stdout)) == 2, output_of(result)
     assert re.search(r"Img/sec per rank: [\d.]+ \+- [\d.]+", result.stdout), output_of(result)

@@ -1,4 +1,5 @@
-"""Every rank of the job runs these tests in the same order; hvdplus is started once per rank."""
+"""Every rank of the job runs these tests in the same order; hvdplus is started once per rank.
+The fixtures serve tests/mpi/keras/ too."""
 
 import numpy as np
 import pytest
@@ -6,6 +7,10 @@ import pytest
 import hvdplus as hvd
 
 hvd.init()
+
+# The Keras suite runs once per backend, named on its own (tests/mpi/keras with KERAS_BACKEND
+# set), so the framework-free suites never import keras.
+collect_ignore = ["keras"]
 
 
 @pytest.fixture

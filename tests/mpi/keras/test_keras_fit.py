@@ -1,4 +1,5 @@
-"""hvdplus.keras with model.fit on k ranks against one process with the whole batch."""
+"""hvdplus.keras with model.fit on k ranks against one process with the whole batch, run once
+per backend (KERAS_BACKEND is set by the job)."""
 
 import os
 
@@ -7,6 +8,9 @@ import pytest
 
 import keras
 import hvdplus.keras as hvd
+
+# tests/mpi/conftest.py has started hvdplus; Keras' own init also quiets Keras on ranks > 0.
+hvd.init()
 
 PER_RANK = 4
 BATCHES = 6
