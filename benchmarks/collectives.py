@@ -1,19 +1,17 @@
 """All-reduce bandwidth of hvdplus' algorithms against raw MPI, gloo and memcpy, in one run.
 
-    hvdplusrun -np 2 python benchmarks/collectives.py [--max-kib 262144] [--out benchmarks/results]
+    hvdplusrun -np 2 python benchmarks/collectives.py [--min-kib 4] [--max-kib 262144] [--csv PATH]
 
 For each size from 4 KiB up: hvdplus through the engine (`hvd.allreduce`, auto algorithm),
 the communication layer called directly with each algorithm and with auto, raw mpi4py
 `Comm.Allreduce` on the same buffers, torch.distributed gloo `all_reduce` when torch is
 installed, and single-core memcpy of the same bytes as the ceiling. Prints time, algbw and
 busbw (busbw = algbw * 2(n-1)/n, as nccl-tests define it) with each ratio to raw MPI, and
-writes a CSV and a PNG plot.
+writes them to benchmarks/results/collectives_np<ranks>.csv (see harness.write_results);
+benchmarks/plot.py draws docs/img/collectives_np<ranks>.png from it.
 """
 
 import argparse
-import csv
-import os
-import platform
 import statistics
 import time
 
@@ -22,7 +20,7 @@ from mpi4py import MPI
 
 import hvdplus as hvd
 from hvdplus.engine import runtime
-from harness import init_gloo
+from harness import add_csv_option, init_gloo, write_results
 
 WORLD = MPI.COMM_WORLD
 
@@ -83,7 +81,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-kib", type=int, default=4)
     parser.add_argument("--max-kib", type=int, default=256 * 1024)
-    parser.add_argument("--out", default="benchmarks/results")
+    add_csv_option(parser)
     args = parser.parse_args()
 
     hvd.init()
@@ -105,48 +103,21 @@ def main():
             busbw = algbw * (factor if method != "memcpy (1 core)" else 1.0)
             table.append({"bytes": size_bytes, "method": method, "seconds": seconds,
                           "algbw_GBps": algbw, "busbw_GBps": busbw,
-                          "ratio_to_raw_mpi": rows["raw MPI"] / seconds if method != "memcpy (1 core)" else float("nan")})
+                          "ratio_to_raw_mpi": rows["raw MPI"] / seconds if method != "memcpy (1 core)" else None})
         if rank == 0:
             print(f"\n{size_bytes / 1024:>10.0f} KiB float32, {size} ranks")
             print(f"  {'method':24s} {'time us':>11s} {'algbw GB/s':>11s} {'busbw GB/s':>11s} {'x raw MPI':>10s}")
             for row in table[-len(rows):]:
-                ratio = "" if row["method"].startswith("memcpy") else f"{row['ratio_to_raw_mpi']:10.2f}"
+                ratio = "" if row["ratio_to_raw_mpi"] is None else f"{row['ratio_to_raw_mpi']:10.2f}"
                 print(f"  {row['method']:24s} {row['seconds'] * 1e6:11.1f} {row['algbw_GBps']:11.3f} "
                       f"{row['busbw_GBps']:11.3f} {ratio}", flush=True)
-    if rank == 0:
-        write_outputs(table, args.out, size)
+    frameworks = {}
+    if gloo is not None:
+        import torch
+
+        frameworks["torch"] = torch.__version__
+    write_results("collectives", table, frameworks, args.csv)
     hvd.shutdown()
-
-
-def write_outputs(table, directory, size):
-    os.makedirs(directory, exist_ok=True)
-    stem = os.path.join(directory, f"collectives_np{size}")
-    with open(stem + ".csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"wrote {stem}.csv (install matplotlib for the plot)")
-        return
-    figure, axis = plt.subplots(figsize=(9, 5.5))
-    for method in dict.fromkeys(row["method"] for row in table):
-        points = [(row["bytes"], row["busbw_GBps"]) for row in table if row["method"] == method]
-        style = "--" if method.startswith(("raw", "torch", "memcpy")) else "-"
-        axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=method)
-    axis.set_xscale("log", base=2)
-    axis.set_yscale("log")
-    axis.set_xlabel("message size (bytes, float32)")
-    axis.set_ylabel("bus bandwidth (GB/s)")
-    axis.set_title(f"all-reduce, {size} ranks, {platform.node()} ({os.cpu_count()} cores)")
-    axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(stem + ".png", dpi=110)
-    print(f"wrote {stem}.csv and {stem}.png")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Prints, per step: 200 tensors of 10k float32 all-reduced through the engine (asy
 of all, then synchronize), as 200 separate raw `Comm.Allreduce` calls, and as one raw
 `Allreduce` of their concatenation; the same with the response cache off; a lone 4 KiB
 all-reduce through the engine against raw `Allreduce`; and what an idle engine costs a
-compute loop running beside it.
+compute loop running beside it. Each in seconds and against its baseline, as written to
+benchmarks/results/engine_np<ranks>.csv (see harness.write_results).
 """
 
 import argparse
@@ -23,6 +24,7 @@ import numpy as np  # noqa: E402  (after the thread count is set)
 from mpi4py import MPI  # noqa: E402
 
 import hvdplus as hvd  # noqa: E402
+from harness import add_csv_option, write_results  # noqa: E402
 
 
 def timed(step, repeats, warmup=3):
@@ -73,10 +75,11 @@ def compute_loop(seconds_of_work=0.25):
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tensors", type=int, default=200)
     parser.add_argument("--elements", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=30)
+    add_csv_option(parser)
     args = parser.parse_args()
 
     comm = MPI.COMM_WORLD.Dup()
@@ -93,10 +96,9 @@ def main():
         time.sleep(0.05)
         idle["beside"].append(timed(loop, 3, warmup=1))
         hvd.shutdown()
-    idle_without_engine = statistics.mean(idle["without"])
-    idle_with_engine = statistics.mean(idle["beside"])
     hvd.init()
-    results = {}
+    results = {"compute loop without hvdplus": statistics.mean(idle["without"]),
+               "compute loop beside an idle engine": statistics.mean(idle["beside"])}
     results["engine"] = timed(engine_step(tensors), args.repeats)
     results["raw separate"] = timed(raw_separate_step(tensors, comm), args.repeats)
     results["raw concatenated"] = timed(raw_concatenated_step(tensors, comm), args.repeats)
@@ -108,20 +110,37 @@ def main():
     results["engine, no cache"] = timed(engine_step(tensors), args.repeats)
     hvd.shutdown()
 
+    rows = result_rows(results, args.tensors, args.elements, lone.size)
     if MPI.COMM_WORLD.Get_rank() == 0:
-        size = MPI.COMM_WORLD.Get_size()
         mb = args.tensors * args.elements * 4 / 1e6
-        print(f"ranks {size}; step = {args.tensors} tensors x {args.elements} float32 ({mb:.1f} MB)")
-        for label in ("engine", "engine, no cache", "raw separate", "raw concatenated"):
-            ratio = results[label] / results["raw concatenated"]
-            print(f"  {label:18s} {results[label] * 1e3:8.3f} ms/step   {ratio:5.2f}x raw concatenated")
-        print(f"  response cache saves {(results['engine, no cache'] / results['engine'] - 1) * 100:5.1f}% per step")
-        lone_ratio = results["lone engine"] / results["lone raw"]
-        print(f"lone 4 KiB allreduce: engine {results['lone engine'] * 1e6:7.1f} us, "
-              f"raw {results['lone raw'] * 1e6:6.1f} us, {lone_ratio:5.1f}x raw")
-        overhead = (idle_with_engine / idle_without_engine - 1) * 100
-        print(f"compute loop beside an idle engine: {idle_with_engine:.3f} s vs {idle_without_engine:.3f} s "
-              f"without hvdplus ({overhead:+.1f}%)")
+        print(f"ranks {MPI.COMM_WORLD.Get_size()}; step = {args.tensors} tensors x {args.elements} float32 "
+              f"({mb:.1f} MB); lone = {lone.size} float32")
+        for row in rows:
+            against = f"{row['seconds_over_baseline']:6.2f}x {row['baseline']}" if row["baseline"] else ""
+            print(f"  {row['measurement']:36s} {row['seconds'] * 1e3:10.4f} ms   {against}")
+        print(f"  response cache saves {(results['engine, no cache'] / results['engine'] - 1) * 100:5.1f}% per step",
+              flush=True)
+    write_results("engine", rows, {}, args.csv)
+
+
+def result_rows(results, tensors, elements, lone_elements):
+    """One row per measurement of `results` ({label: seconds}): the tensors it all-reduces,
+    and its seconds against the baseline it is compared with."""
+    step, lone = (tensors, elements), (1, lone_elements)
+    measurements = (
+        ("engine", step, "raw concatenated"),
+        ("engine, no cache", step, "raw concatenated"),
+        ("raw separate", step, "raw concatenated"),
+        ("raw concatenated", step, "raw concatenated"),
+        ("lone engine", lone, "lone raw"),
+        ("lone raw", lone, None),
+        ("compute loop beside an idle engine", (None, None), "compute loop without hvdplus"),
+        ("compute loop without hvdplus", (None, None), None),
+    )
+    return [{"measurement": label, "tensors": shape[0], "elements": shape[1], "seconds": results[label],
+             "baseline": baseline,
+             "seconds_over_baseline": results[label] / results[baseline] if baseline else None}
+            for label, shape, baseline in measurements]
 
 
 if __name__ == "__main__":

@@ -1,13 +1,40 @@
-"""What the benchmarks share: timing training loops across ranks, and starting the peers
-hvdplus is measured against inside the same MPI job."""
+"""What the benchmarks share: timing training loops across ranks, starting the peers
+hvdplus is measured against inside the same MPI job, and writing the results.
 
+Every benchmark writes its results through write_results: rank 0 replaces
+`benchmarks/results/<benchmark>_np<ranks>.csv` (or the file `--csv PATH` names) with one
+row per measurement, so that the committed file is always the last full run of that
+benchmark at that rank count, never a mix of runs. Each row carries, after its measurement
+columns, what a reader needs to trust or redo it: `ranks`, `date` (UTC, when the file was
+written), `machine`, `mpi` (the MPI library's version line), `hvdplus_version`,
+`framework_versions` and `command`, the command line that reproduces the run.
+benchmarks/results/README.md describes the columns of each benchmark.
+"""
+
+import csv
+import datetime
+import os
+import platform
+import shlex
 import socket
 import statistics
+import sys
 import time
 
 from mpi4py import MPI
 
-__all__ = ["throughput", "interleaved_throughputs", "array_batches", "fit_runner", "init_gloo"]
+__all__ = ["throughput", "interleaved_throughputs", "array_batches", "fit_runner", "init_gloo",
+           "add_csv_option", "write_results", "ratio", "throughput_rows", "print_throughput_rows"]
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPOSITORY, "benchmarks", "results")
+
+# The variables that change what hvdplus does, as the job starts: the command that
+# reproduces a run sets them again. Taken at import, because a benchmark may set some
+# itself while it runs (engine.py turns the response cache off): those belong to the
+# script, not to the command.
+_LAUNCH_ENVIRONMENT = {name: value for name, value in os.environ.items()
+                       if name == "KERAS_BACKEND" or name.startswith(("HVDPLUS_", "HOROVOD_"))}
 
 
 def throughput(run, batch, steps, participants, comm=MPI.COMM_WORLD):
@@ -33,10 +60,9 @@ def _timed_round(run, batch, steps, participants, comm):
 def interleaved_throughputs(runs, batch, steps, rounds=9, comm=MPI.COMM_WORLD):
     """{label: samples/s} for `runs` ({label: (run, participants)}, as in throughput()),
     measured in turns: every round times `steps` steps of each run, one after the other,
-    and each result is the median over the rounds. On a shared 2-core VM whose speed drifts
-    by up to 2x within a minute, measuring one run after the other biased whole ratios
-    (the same MLP measured 0.56 and 0.73 efficiency in back-to-back jobs); in turns, every
-    run sees the same drift."""
+    and each result is the median over the rounds. On a machine whose speed drifts (a
+    shared virtual machine), measuring one run after the other biases whole ratios; in
+    turns, every run sees the same drift."""
     for run, _ in runs.values():
         run(3)
     samples = {label: [] for label in runs}
@@ -49,7 +75,7 @@ def interleaved_throughputs(runs, batch, steps, rounds=9, comm=MPI.COMM_WORLD):
 def fit_seconds(model, data, skipped=5):
     """(seconds, steps) of one epoch of `model.fit(**data)`, from the end of batch `skipped`
     to the end of the last: the fit's own start and finish (building the dataset iterator,
-    tearing it down: 80-350 ms on a 2-core VM, more than 40 steps) stay out of steady state."""
+    tearing it down, which can take as long as dozens of steps) stay out of steady state."""
     import keras
 
     ends = []
@@ -99,3 +125,132 @@ def init_gloo(comm):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=comm.Get_rank(), world_size=comm.Get_size())
     return dist
+
+
+def add_csv_option(parser):
+    """`--csv PATH` on a benchmark's command line, for write_results."""
+    parser.add_argument("--csv", metavar="PATH",
+                        help="the CSV file to replace with the results "
+                             "(default: benchmarks/results/<benchmark>_np<ranks>.csv)")
+
+
+def write_results(benchmark, rows, frameworks, path=None, comm=MPI.COMM_WORLD):
+    """Replace the CSV at `path` with `rows`, on rank 0; every rank calls it.
+
+    Args:
+        benchmark: the name in each row's `benchmark` column and in the default file name.
+        rows: dicts of measurement columns, keys in the order the columns go; a key that
+            only some rows have is left empty in the others, as is a None value.
+        frameworks: {name: version} of what the benchmark runs besides hvdplus, mpi4py,
+            numpy and Python, which every row names anyway.
+        path: the `--csv` value; None writes benchmarks/results/<benchmark>_np<ranks>.csv.
+        comm: the job: its size is the ranks of the command that reproduces the run.
+
+    Returns the path written on rank 0, None on the other ranks.
+    """
+    if comm.Get_rank() != 0:
+        return None
+    ranks = comm.Get_size()
+    path = path or os.path.join(RESULTS, f"{benchmark}_np{ranks}.csv")
+    context = {
+        "ranks": ranks,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": _machine(),
+        "mpi": _mpi_library(),
+        "hvdplus_version": _hvdplus_version(),
+        "framework_versions": _framework_versions(frameworks),
+        "command": _reproducing_command(ranks),
+    }
+    table = [{"benchmark": benchmark, **row, **context} for row in rows]
+    columns = list(dict.fromkeys(name for row in table for name in row))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows({name: _cell(value) for name, value in row.items()} for row in table)
+    shown = os.path.relpath(path)
+    print(f"wrote {path if shown.startswith(os.pardir) else shown}", flush=True)
+    return path
+
+
+def _cell(value):
+    """Floats to 6 significant digits, beyond what run-to-run noise leaves; None empty."""
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+def _machine():
+    """Host name, CPU model, cores, memory and operating system, in one line."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB"
+    except (AttributeError, ValueError, OSError):
+        memory = ""
+    return (f"{platform.node()}: {cpu}, {os.cpu_count()} cores{memory}, "
+            f"{platform.system()} {platform.release()} {platform.machine()}")
+
+
+def _mpi_library():
+    """The first line of the MPI library's version string, its runs of spaces made one."""
+    return " ".join(MPI.Get_library_version().replace("\0", "").splitlines()[0].split())
+
+
+def _hvdplus_version():
+    import hvdplus
+
+    return hvdplus.__version__
+
+
+def _framework_versions(frameworks):
+    import mpi4py
+    import numpy
+
+    versions = {**frameworks, "mpi4py": mpi4py.__version__, "numpy": numpy.__version__,
+                "Python": platform.python_version()}
+    return ", ".join(f"{name} {version}" for name, version in versions.items())
+
+
+def _reproducing_command(ranks):
+    """hvdplusrun with this job's ranks and this script's arguments, from the repository's root,
+    after the variables that change what hvdplus does (see _LAUNCH_ENVIRONMENT)."""
+    script = os.path.abspath(sys.argv[0])
+    if script.startswith(REPOSITORY + os.sep):
+        script = os.path.relpath(script, REPOSITORY)
+    variables = [f"{name}={shlex.quote(value)}" for name, value in sorted(_LAUNCH_ENVIRONMENT.items())]
+    return " ".join(variables + ["hvdplusrun", "-np", str(ranks), "python", shlex.join([script] + sys.argv[1:])])
+
+
+def ratio(results, run, baseline, times=1):
+    """(run, baseline, results[run] / results[baseline]) for throughput_rows; `times` n
+    compares against n copies of the baseline (n ranks against one rank alone), and names
+    the baseline so."""
+    label = baseline if times == 1 else f"{times} x {baseline}"
+    return run, label, results[run] / (times * results[baseline])
+
+
+def throughput_rows(results, ratios, **columns):
+    """The rows of a training benchmark for one model: one per run of `results`
+    ({run: samples/s}) with its `samples_per_s`, then one per (run, baseline, value) of
+    `ratios` with its `ratio`; `columns` (the model, its batch...) lead every row."""
+    rows = [{**columns, "run": run, "samples_per_s": value, "baseline": None, "ratio": None}
+            for run, value in results.items()]
+    rows += [{**columns, "run": run, "samples_per_s": None, "baseline": baseline, "ratio": value}
+             for run, baseline, value in ratios]
+    return rows
+
+
+def print_throughput_rows(rows):
+    """Rows of throughput_rows as the benchmarks print them: what the CSV holds, no more."""
+    width = max((len(row["run"]) for row in rows), default=0)
+    for row in rows:
+        if row["baseline"] is None:
+            print(f"  {row['run']:{width}s} {row['samples_per_s']:10.1f} samples/s")
+        else:
+            print(f"  {row['run']} / {row['baseline']}: {row['ratio']:.3f}")
+    print(flush=True)

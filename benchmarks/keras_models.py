@@ -1,9 +1,9 @@
 """The Keras models the TensorFlow and Keras benchmarks train, with synthetic inputs.
 
-"mlp" (8 Dense(256) layers) has 2 MB of gradients for about 3 ms of compute a step on one
-core: communication-bound, the hard case. "cnn" is the ResNet-style CNN of the PyTorch
-benchmark (torch_training.synthetic_cnn, 0.8 MB of gradients for about 180 ms of compute a
-step), closer to the ratio of compute to gradients that real training has.
+"mlp" (8 Dense(256) layers) has 2 MB of gradients for little compute a step on one core:
+communication-bound, the hard case. "cnn" is the ResNet-style CNN of the PyTorch benchmark
+(torch_training.synthetic_cnn, 0.8 MB of gradients for far more compute a step), closer to
+the ratio of compute to gradients that real training has.
 """
 
 import dataclasses

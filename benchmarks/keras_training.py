@@ -12,10 +12,13 @@ communication ("independent ranks"), and one rank alone, taking turns round afte
 in steady state, between batch ends inside each fit (see fit_run). On the torch backend,
 whose optimizer sees the gradients eagerly, also the naive peer: an optimizer that
 all-reduces each gradient with mpi4py, one call each, then divides (no negotiation, no
-checks: what the communication alone costs when done plainly).
+checks: what the communication alone costs when done plainly). Prints samples/s and the
+ratios between them, and writes the same to
+benchmarks/results/keras_training_<backend>_np<ranks>.csv (see harness.write_results).
 """
 
 import argparse
+import importlib
 import os
 
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
@@ -27,7 +30,8 @@ import keras  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import hvdplus.keras as hvd  # noqa: E402
-from harness import array_batches, fit_runner, interleaved_throughputs  # noqa: E402
+from harness import (add_csv_option, array_batches, fit_runner, interleaved_throughputs,  # noqa: E402
+                     print_throughput_rows, ratio, throughput_rows, write_results)
 from keras_models import MODELS, synthetic_data  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
@@ -82,26 +86,30 @@ def main():
     parser.add_argument("--models", default="mlp,cnn", help="comma-separated names from keras_models.MODELS")
     parser.add_argument("--steps", type=int, help="steps per fit in each round (default: the model's own)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds in which the runs take turns")
+    add_csv_option(parser)
     args = parser.parse_args()
-    if keras.backend.backend() == "torch":
+    backend = keras.backend.backend()
+    if backend == "torch":
         import torch
 
         torch.set_num_threads(1)
     hvd.init()
+    rows = []
     for name in args.models.split(","):
         model = MODELS[name]
-        results = measure(model, args.steps or model.steps, args.rounds)
+        steps = args.steps or model.steps
+        results = measure(model, steps, args.rounds)
+        ratios = [ratio(results, "hvdplus", "independent ranks")]
+        if "mpi4py loop" in results:
+            ratios += [ratio(results, "mpi4py loop", "independent ranks"), ratio(results, "hvdplus", "mpi4py loop")]
+        model_rows = throughput_rows(results, ratios, model=name, batch_per_rank=model.batch, steps=steps)
         if hvd.rank() == 0:
-            print(f"Keras {keras.__version__}, backend {keras.backend.backend()}, {hvd.size()} ranks, "
+            print(f"Keras {keras.__version__}, backend {backend}, {hvd.size()} ranks, "
                   f"{model.label}, batch {model.batch} per rank; samples/s of all ranks together")
-            for label, value in results.items():
-                print(f"  {label:18s} {value:10.1f}")
-            print(f"  scaling efficiency (hvdplus / independent ranks): "
-                  f"{results['hvdplus'] / results['independent ranks']:.3f}", flush=True)
-            if "mpi4py loop" in results:
-                print(f"  hvdplus / mpi4py loop: {results['hvdplus'] / results['mpi4py loop']:.2f}x   "
-                      f"mpi4py loop efficiency: {results['mpi4py loop'] / results['independent ranks']:.3f}",
-                      flush=True)
+            print_throughput_rows(model_rows)
+        rows += model_rows
+    write_results(f"keras_training_{backend}", rows,
+                  {"keras": keras.__version__, backend: importlib.import_module(backend).__version__}, args.csv)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,11 @@ process, measures in one job:
   (g) every process running its own plain model.fit, no strategy and no communication: (a)'s
       own baseline, since a fit costs more than a custom loop (callbacks, metrics, its input).
 (a), (b), (d), (e), (f) and (g) take turns, round after round (harness.interleaved_throughputs),
-so that the VM's drift hits them alike. Prints samples/s of all processes together, scaling
-efficiency = (b)/(d), (f)/(d), and (a)/(g) beside (a)/(d), and ratios to (c).
+so that drift in the machine's speed hits them alike. Prints samples/s of all processes
+together, scaling efficiency = (b)/(d), (f)/(d), and (a)/(g) beside (a)/(d), and ratios to
+(f) and (c); writes the same to benchmarks/results/tensorflow_training_np<ranks>.csv, or with
+--only-multiworker to tensorflow_training_multiworker_np<ranks>.csv (see
+harness.write_results), where a failed (c) is a row whose `failure` column says why.
 
 TensorFlow configures its collective ops once per process, before its runtime starts
 ("Collective ops must be configured at program startup" otherwise), so (c)'s strategy is
@@ -42,6 +45,8 @@ os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from harness import (add_csv_option, array_batches, fit_runner, interleaved_throughputs,  # noqa: E402
+                     print_throughput_rows, ratio, throughput, throughput_rows, write_results)
 from mpi4py import MPI  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
@@ -75,6 +80,7 @@ def parse_args():
     parser.add_argument("--multiworker-timeout", type=float, default=90.0,
                         help="seconds (c) may take before it is reported as failed")
     parser.add_argument("--only-multiworker", action="store_true", help="run (c) alone")
+    add_csv_option(parser)
     return parser.parse_args()
 
 
@@ -86,7 +92,6 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdplus.tensorflow as hvd  # noqa: E402
-from harness import array_batches, fit_runner, interleaved_throughputs, throughput  # noqa: E402
 from keras_models import MODELS, synthetic_data  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -124,10 +129,9 @@ def independent_fit(build_model, x, y, batch):
 def per_replica_batches(strategy, x, y, batch):
     """`data_for` (harness.fit_runner) under `strategy`: the first n batches, each replica
     reading its dataset on the host. With the default input, every fit builds a
-    MultiDeviceIterator, whose background thread crashed this benchmark (SIGSEGV in
-    DatasetBaseIterator::GetNext, 3 of 9 runs) when the process also held (c)'s
-    MultiWorkerMirroredStrategy and ran the other loops between fits. It was never seen
-    without (c) (over 200 fits), nor with these host datasets."""
+    MultiDeviceIterator, whose background thread can crash the process (SIGSEGV in
+    DatasetBaseIterator::GetNext) when it also holds (c)'s MultiWorkerMirroredStrategy and
+    runs the other loops between fits; these host datasets build no such iterator."""
     options = tf.distribute.InputOptions(
         experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
         experimental_fetch_to_device=False)
@@ -227,31 +231,34 @@ def guarded(work, timeout):
     return outcome["value"], None, False
 
 
-def report(results, multiworker_error, model):
-    n = hvd.size()
-    print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, {n} processes x 1 thread, "
-          f"{model.label}, batch {model.batch} per process; samples/s of all processes together")
-    for label, value in results.items():
-        print(f"  {label:34s} {value:10.1f}")
+def result_rows(results, multiworker_error, name, model, steps):
+    """throughput_rows of one model (its name in MODELS, its BenchmarkModel), and (c)'s
+    failure as a row of its own."""
+    ratios = []
+    if "(d) independent ranks" in results:
+        ratios += [ratio(results, run, "(d) independent ranks") for run in
+                   ("(b) DistributedGradientTape", "(a) MirroredStrategy fit + hvdplus", "(f) mpi4py loop")]
+        ratios.append(ratio(results, "(a) MirroredStrategy fit + hvdplus", "(g) independent model.fit"))
+        ratios += [ratio(results, run, "(f) mpi4py loop")
+                   for run in ("(b) DistributedGradientTape", "(a) MirroredStrategy fit + hvdplus")]
+    multiworker = "(c) MultiWorkerMirroredStrategy"
+    if multiworker in results:
+        ratios += [ratio(results, run, multiworker) for run in results if run != multiworker]
+    columns = {"model": name, "batch_per_rank": model.batch, "steps": steps}
+    rows = throughput_rows(results, ratios, **columns)
     if multiworker_error:
-        print(f"MultiWorkerMirroredStrategy: failed ({multiworker_error})")
-    independent = results.get("(d) independent ranks")
-    if independent:
-        for label in ("(b) DistributedGradientTape", "(a) MirroredStrategy fit + hvdplus", "(f) mpi4py loop"):
-            print(f"  scaling efficiency {label} / (d): {results[label] / independent:.3f}")
-        fits = results["(g) independent model.fit"]
-        print(f"  scaling efficiency (a) MirroredStrategy fit + hvdplus / (g): "
-              f"{results['(a) MirroredStrategy fit + hvdplus'] / fits:.3f}")
-    naive = results.get("(f) mpi4py loop")
-    if naive:
-        for label in ("(b) DistributedGradientTape", "(a) MirroredStrategy fit + hvdplus"):
-            print(f"  {label} / (f): {results[label] / naive:.2f}x")
-    multiworker = results.get("(c) MultiWorkerMirroredStrategy")
-    if multiworker:
-        for label, value in results.items():
-            if not label.startswith("(c)"):
-                print(f"  {label} / (c): {value / multiworker:.2f}x")
-    print(flush=True)
+        rows.append({**columns, "run": multiworker, "samples_per_s": None, "baseline": None, "ratio": None,
+                     "failure": multiworker_error})
+    return rows
+
+
+def report(rows, model):
+    print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, {hvd.size()} processes x 1 thread, "
+          f"{model.label}, batch {model.batch} per process; samples/s of all processes together")
+    for row in rows:
+        if row.get("failure"):
+            print(f"MultiWorkerMirroredStrategy: failed ({row['failure']})")
+    print_throughput_rows([row for row in rows if not row.get("failure")])
 
 
 def measure(strategy, model):
@@ -284,14 +291,20 @@ def main():
     # TensorFlow configures collective ops once, before its runtime starts: (c)'s strategy first.
     strategy, error, hung = guarded(lambda comm: multiworker_strategy(), ARGS.multiworker_timeout)
     hvd.init()
+    rows = []
     for name in ARGS.models.split(","):
-        results, model_error, model_hung = measure(strategy, MODELS[name])
+        model = MODELS[name]
+        results, model_error, model_hung = measure(strategy, model)
+        model_rows = result_rows(results, error or model_error, name, model, ARGS.steps or model.steps)
         if hvd.rank() == 0:
-            report(results, error or model_error, MODELS[name])
+            report(model_rows, model)
+        rows += model_rows
         if model_hung:
             # A hung TensorFlow collective leaves (c)'s strategy unusable: the models after
             # this one report that failure instead of measuring (c).
             strategy, error, hung = None, model_error, True
+    benchmark = "tensorflow_training_multiworker" if ARGS.only_multiworker else "tensorflow_training"
+    write_results(benchmark, rows, {"tensorflow": tf.__version__, "keras": keras.__version__}, ARGS.csv)
     if WORLD.allreduce(hung, op=MPI.LOR):
         hvd.shutdown()
         MPI.Finalize()

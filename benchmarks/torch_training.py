@@ -7,8 +7,10 @@ thread per rank, measures in the same job, taking turns (harness.interleaved_thr
 hvdplus' DistributedOptimizer; torch DDP over gloo; a plain loop that all-reduces each
 gradient with mpi4py after backward (the naive peer); every rank training its own copy
 without any communication ("independent ranks", what this machine can give n ranks at
-all); and one rank alone. Prints samples/s, ratios and scaling efficiency = hvdplus
-throughput / independent-ranks throughput.
+all); and one rank alone. Prints samples/s and the ratios between them: scaling efficiency
+is hvdplus / independent ranks, and each peer's own efficiency is the same ratio of its
+own. Writes the same to benchmarks/results/torch_training_np<ranks>.csv (see
+harness.write_results).
 """
 
 import argparse
@@ -17,7 +19,8 @@ import torch
 from mpi4py import MPI
 
 import hvdplus.torch as hvd
-from harness import init_gloo, interleaved_throughputs
+from harness import (add_csv_option, init_gloo, interleaved_throughputs, print_throughput_rows, ratio,
+                     throughput_rows, write_results)
 
 WORLD = MPI.COMM_WORLD
 
@@ -102,33 +105,36 @@ def measure(name, steps):
         "independent ranks": (lambda n: train_steps(alone, alone_optimizer, data, target, n), hvd.size()),
         "one rank alone": (rank_zero_only, 1),
     }
-    results = interleaved_throughputs(runs, batch, steps)
-    return results
+    return interleaved_throughputs(runs, batch, steps)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="steps per run in each of 9 rounds")
     parser.add_argument("--models", default="cnn,mlp")
+    add_csv_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init()
     dist = init_gloo(WORLD)
+    rows = []
     for name in args.models.split(","):
         results = measure(name, args.steps)
+        n = hvd.size()
+        model_rows = throughput_rows(results, [
+            ratio(results, "hvdplus", "independent ranks"),
+            ratio(results, "mpi4py loop", "independent ranks"),
+            ratio(results, "DDP gloo", "independent ranks"),
+            ratio(results, "hvdplus", "DDP gloo"),
+            ratio(results, "hvdplus", "mpi4py loop"),
+            ratio(results, "hvdplus", "one rank alone", times=n),
+            ratio(results, "independent ranks", "one rank alone", times=n),
+        ], model=name, batch_per_rank=MODELS[name][2], steps=args.steps)
         if hvd.rank() == 0:
-            n = hvd.size()
             print(f"\n{name}: {n} ranks, 1 thread each, samples/s of all ranks together")
-            for label, value in results.items():
-                print(f"  {label:18s} {value:10.1f}")
-            efficiency = results["hvdplus"] / results["independent ranks"]
-            print(f"  scaling efficiency (hvdplus / independent ranks): {efficiency:.3f}")
-            print(f"  hvdplus / DDP gloo: {results['hvdplus'] / results['DDP gloo']:.2f}x")
-            print(f"  hvdplus / mpi4py loop: {results['hvdplus'] / results['mpi4py loop']:.2f}x   "
-                  f"mpi4py loop efficiency: {results['mpi4py loop'] / results['independent ranks']:.3f}")
-            print(f"  hvdplus / ({n} x one rank alone): {results['hvdplus'] / (n * results['one rank alone']):.3f}"
-                  f"   independent ranks / ({n} x one rank alone): "
-                  f"{results['independent ranks'] / (n * results['one rank alone']):.3f}", flush=True)
+            print_throughput_rows(model_rows)
+        rows += model_rows
+    write_results("torch_training", rows, {"torch": torch.__version__}, args.csv)
     dist.destroy_process_group()
 
 
