@@ -26,21 +26,32 @@ EXTRAS = {
     "jax": ["jax>=0.4.30"],
     "examples": ["scikit-learn>=1.2", "tqdm>=4.0"],
     "benchmarks": ["matplotlib>=3.5"],
+    "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
     "dev": [
         "pytest>=7",
         "pytest-timeout>=2.1",
         "ml_dtypes>=0.3",
         "scikit-learn>=1.2",
         "tqdm>=4.0",
+        "import-linter>=2.1",
     ],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() for req in reqs})
+
+def read_readme():
+    """The README, a user's page, is the package's page too."""
+    path = os.path.join(HERE, "README.md")
+    if not os.path.exists(path):
+        return ""
+    with open(path) as handle:
+        return handle.read()
+
 
 setup(
     name="hvdplus",
     version=read_version(),
     description="Horovod-style data-parallel training over MPI for PyTorch, TensorFlow and Keras 3",
-    long_description=open(os.path.join(HERE, "README.md")).read() if os.path.exists(os.path.join(HERE, "README.md")) else "",
+    long_description=read_readme(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["hvdplus", "hvdplus.*"]),
     python_requires=">=3.9",
