@@ -7,6 +7,7 @@ and what each rank had; a bad argument on one rank (root out of range, wrong spl
 becomes that rank's error on every rank. The job goes on with later operations.
 """
 
+import functools
 from typing import Callable, Optional, Tuple
 
 from ..common.dtypes import dtype_name
@@ -30,7 +31,7 @@ def _submit(kind: Collective, name: Optional[str], plan: Callable[[str], Tuple[R
 
     An argument error is not raised here: it is submitted, so that every rank raises it."""
     live = runtime.current(f"{kind}()")
-    name = live.name_for(kind.value, name)
+    name = live.name_for(kind, name)  # a Collective is its text: "allreduce.7"
     try:
         request, payload = plan(name)
     except (TypeError, ValueError) as exc:
@@ -56,17 +57,31 @@ def grouped_input_error_async(name: Optional[str], error: Exception):
     return input_error_async("allreduce", live.name_for("grouped_allreduce", name), error)
 
 
+# Module constants: an enum member looked up on its class costs more than a global name, on
+# every call of the hot path below.
+_ALLREDUCE = Collective.ALLREDUCE
+_REDUCESCATTER = Collective.REDUCESCATTER
+
+
+@functools.lru_cache(maxsize=4096)
+def _reduction_agreement(dtype: str, shape: tuple, op, prescale: float, postscale: float) -> Agreement:
+    """The Agreement of a reduction, made once per distinct tensor description: a training
+    step describes the same tensors every step, and building a frozen dataclass of a dozen
+    fields would otherwise be a sizeable part of submitting a small all-reduce."""
+    return Agreement(dtype=dtype, shape=shape, reduce_op=op, prescale=prescale, postscale=postscale)
+
+
 def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, output=None):
     def plan(name):
         what = f"{kind} '{name}'"
         data = arguments.as_array(array, what)
         if output is not None:
             arguments.check_output(output, data, what)
-        if kind is Collective.REDUCESCATTER:
+        if kind is _REDUCESCATTER:
             arguments.check_has_rows(data, what)
         op_, pre, post = arguments.reduction_arguments(data, op, prescale_factor, postscale_factor, what)
-        agree = Agreement(dtype=dtype_name(data.dtype), shape=data.shape, reduce_op=op_, prescale=pre, postscale=post)
-        return Request(kind, name, agree), ((data, output) if kind is Collective.ALLREDUCE else data)
+        agree = _reduction_agreement(dtype_name(data.dtype), data.shape, op_, pre, post)
+        return Request(kind, name, agree), ((data, output) if kind is _ALLREDUCE else data)
 
     return plan
 
@@ -130,8 +145,8 @@ def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, 
     (a C-contiguous, writeable array of the same shape and dtype, possibly `array` itself)
     the result is written there, and the handle's result is `output`.
     """
-    plan = _reduction_plan(Collective.ALLREDUCE, array, op, prescale_factor, postscale_factor, output=output)
-    return _submit(Collective.ALLREDUCE, name, plan)
+    plan = _reduction_plan(_ALLREDUCE, array, op, prescale_factor, postscale_factor, output=output)
+    return _submit(_ALLREDUCE, name, plan)
 
 
 def grouped_allreduce_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,

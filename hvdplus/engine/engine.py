@@ -50,6 +50,8 @@ _HOUSEKEEPING_S = 1.0
 _DELIVERY_WAIT_S = 0.5
 # Longest cycle while collectives are held and nobody waits (overlap off).
 _MAX_BACKOFF_S = 0.050
+# Looked up per submitted operation: a global name is cheaper than the enum's attribute.
+_JOIN, _ALLREDUCE = Collective.JOIN, Collective.ALLREDUCE
 
 
 @dataclasses.dataclass(eq=False)
@@ -245,7 +247,7 @@ class Engine:
         if self.coordinator is not None:
             self.coordinator.add(0, outgoing)
             if self._waiters:
-                self.coordinator.add(0, [Token.WAITING])
+                self.coordinator.mark_waiting(0)
             else:
                 self.coordinator.waiting.discard(0)
             self._receive_requests()
@@ -294,7 +296,7 @@ class Engine:
 
     def _outgoing_item(self, entry: Entry):
         """The request itself, or its response-cache id when it is unchanged since agreed."""
-        if entry.request.kind is Collective.JOIN:
+        if entry.request.kind is _JOIN:
             return Token.JOIN
         cached = self._cache.get(entry.name)
         if cached is not None and cached[0] == entry.request:
@@ -307,7 +309,7 @@ class Engine:
         if isinstance(item, Batch):
             return item
         known = [self._known[cache_id] for cache_id in item]
-        return Batch(Collective.ALLREDUCE, [name for name, _ in known], requests=[request for _, request in known])
+        return Batch(_ALLREDUCE, [name for name, _ in known], requests=[request for _, request in known])
 
     def _receive_requests(self) -> None:
         if self.size == 1:
@@ -351,18 +353,9 @@ class Engine:
         return False
 
     def _run_batch(self, batch: Batch) -> bool:
-        if batch.kind is Outcome.SHUTDOWN:
-            self._fail_everything(ShutdownError(
-                f"hvdplus was shut down (first by rank {batch.value}) before this operation "
-                "completed on every rank"
-            ))
-            return True
-        if batch.kind is Outcome.STALLED:
-            self._fail_everything(StalledError(batch.value))
-            return True
-        if batch.kind is Outcome.JOIN_DONE:
-            self._complete("__join__", batch.value)
-            return False
+        """Run one agreed batch; True if it shuts the engine down."""
+        if isinstance(batch.kind, Outcome):
+            return self._run_outcome(batch)
         entries = [self._in_flight.get(name) for name in batch.names]
         if batch.error is not None:
             for entry in entries:
@@ -382,6 +375,21 @@ class Engine:
             if entry is not None:
                 self._complete(entry.name, result)
         return False
+
+    def _run_outcome(self, batch: Batch) -> bool:
+        if batch.kind is Outcome.SHUTDOWN:
+            self._fail_everything(ShutdownError(
+                f"hvdplus was shut down (first by rank {batch.value}) before this operation "
+                "completed on every rank"
+            ))
+            return True
+        if batch.kind is Outcome.STALLED:
+            self._fail_everything(StalledError(batch.value))
+            return True
+        if batch.kind is Outcome.JOIN_DONE:
+            self._complete("__join__", batch.value)
+            return False
+        raise ValueError(f"unknown outcome {batch.kind!r}")
 
     def _record_negotiation(self, batch, entries) -> None:
         start = now_us()

@@ -20,6 +20,8 @@ __all__ = ["JOINED", "execute_batch"]
 
 # The payload of a name on a rank that has joined: it has no tensor, only takes part.
 JOINED = object()
+# Looked up per batch: module names are cheaper than enum members looked up on their class.
+_ALLREDUCE, _MEMBERS = Collective.ALLREDUCE, GroupLayout.MEMBERS
 
 
 def _placeholder_bytes(dtype_name: str, shape) -> np.ndarray:
@@ -84,7 +86,7 @@ def _reducible_in_place(algorithms, agree) -> bool:
     """On one node, tensors already in their accumulation dtype and not prescaled are
     reduced where they lie (or in their output) instead of through the fusion buffer; a
     group laid out member by member is one of them (groups.group_layout)."""
-    if agree.layout is GroupLayout.MEMBERS:
+    if agree.layout is _MEMBERS:
         return True
     return (algorithms.engine_algorithm == "shm" and agree.prescale == 1.0
             and dtype_name(accumulation_dtype(agree.dtype)) == agree.dtype)
@@ -162,7 +164,7 @@ def _single(comm, algorithms, batch, payload):
 
 def execute_batch(comm, algorithms, batch, payloads, fusion_buffer, timeline=None):
     """Run `batch` on `comm`; return one result per name (None where this rank has joined)."""
-    if batch.kind is Collective.ALLREDUCE:
+    if batch.kind is _ALLREDUCE:
         return fused_allreduce(algorithms, batch, payloads, fusion_buffer, timeline)
     start = now_us()
     result = _single(comm, algorithms, batch, payloads[0])

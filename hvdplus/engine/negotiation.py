@@ -12,8 +12,8 @@ came as ids skips the check; steady-state training steps repeat the same names.
 
 Released on demand: where the engine must not overlap compute (see
 `settings.overlaps_compute`), ready names are held until some rank is waiting for a result
-(a rank reports Token.WAITING and Token.NOT_WAITING as its callers start and stop waiting), and then all
-of them go out together, fused as far as the threshold allows.
+(a rank reports Token.WAITING and Token.NOT_WAITING as its callers start and stop waiting),
+and then all of them go out together, fused as far as the threshold allows.
 """
 
 import dataclasses
@@ -26,6 +26,11 @@ from .protocol import JOINABLE, Batch, Collective, Outcome, Request, Token
 from .requests import check_agreement
 
 __all__ = ["Coordinator"]
+
+# Compared per item and per name: a module name is cheaper than an enum member looked up on
+# its class, which costs a descriptor call on Python 3.11.
+_ALLREDUCE = Collective.ALLREDUCE
+_WAITING, _NOT_WAITING, _JOIN, _SHUTDOWN = Token.WAITING, Token.NOT_WAITING, Token.JOIN, Token.SHUTDOWN
 
 
 @dataclasses.dataclass
@@ -66,17 +71,21 @@ class Coordinator:
                 self._pend(rank, by_rank[rank], checked=True)
             elif isinstance(item, Request):
                 self._pend(rank, item, checked=False)
-            elif item is Token.WAITING:
-                self.waiting.add(rank)
-                self._asked = True
-            elif item is Token.NOT_WAITING:
+            elif item is _WAITING:
+                self.mark_waiting(rank)
+            elif item is _NOT_WAITING:
                 self.waiting.discard(rank)
-            elif item is Token.JOIN:
+            elif item is _JOIN:
                 self.joined.append(rank)
-            elif item is Token.SHUTDOWN:
+            elif item is _SHUTDOWN:
                 self.shutdown_ranks.add(rank)
             else:
                 raise TypeError(f"rank {rank} sent the coordinator {item!r}")
+
+    def mark_waiting(self, rank: int) -> None:
+        """A caller on `rank` waits for a result (Token.WAITING; rank 0 says so directly)."""
+        self.waiting.add(rank)
+        self._asked = True
 
     def _pend(self, rank: int, request: Request, checked: bool) -> None:
         entry = self.pending.get(request.name)
@@ -115,7 +124,7 @@ class Coordinator:
                 batches.append(Batch(kind, [name], error=error))
                 continue
             cache_ids = self._remember(name, entry, ranks)
-            if kind is Collective.ALLREDUCE:
+            if kind is _ALLREDUCE:
                 known = None if entry.needs_check or len(ranks) != self.size else self._cache_id_of[name]
                 self._fuse(name, requests[0], cache_ids, known, open_fusions, batches)
                 continue
@@ -164,7 +173,7 @@ class Coordinator:
         nbytes = fused_nbytes(request)
         batch, used = open_fusions.get(key, (None, 0))
         if batch is None or used + nbytes > self.fusion_threshold:
-            batch, used = Batch(Collective.ALLREDUCE, requests=[], cache_ids={}, known_ids=[]), 0
+            batch, used = Batch(_ALLREDUCE, requests=[], cache_ids={}, known_ids=[]), 0
             batches.append(batch)
         open_fusions[key] = (batch, used + nbytes)
         batch.names.append(name)

@@ -15,7 +15,25 @@ __all__ = ["Collective", "JOINABLE", "Token", "Outcome", "GroupLayout", "Agreeme
            "NOTHING_TO_AGREE", "Request", "Batch"]
 
 
-class Collective(enum.Enum):
+class _WireEnum(enum.Enum):
+    """An enum that travels between ranks as a reference to its member: unpickled by an
+    attribute lookup on its class, where an Enum's own pickling calls the class with the
+    value, which costs more than the rest of a token's round trip."""
+
+    def __reduce_ex__(self, protocol):
+        return f"{type(self).__qualname__}.{self._name_}"
+
+
+class _TextEnum(str, _WireEnum):
+    """A _WireEnum whose members are their own text, formatted and hashed as plain strings
+    (as 3.11's StrEnum is): messages and names built on every call stay cheap."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+    __hash__ = str.__hash__
+
+
+class Collective(_TextEnum):
     """What a request asks for, and the kind of the batch that runs it."""
 
     ALLREDUCE = "allreduce"
@@ -28,16 +46,13 @@ class Collective(enum.Enum):
     ALLGATHER_OBJECT = "allgather_object"
     JOIN = "join"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 # Collectives that a rank which has joined takes part in, contributing zeros or no rows.
 JOINABLE = frozenset({Collective.ALLREDUCE, Collective.ALLGATHER, Collective.BROADCAST,
                       Collective.REDUCESCATTER, Collective.BARRIER})
 
 
-class Token(enum.Enum):
+class Token(_WireEnum):
     """A rank's news for the coordinator, sent among its requests."""
 
     JOIN = "join"  # this rank has no more data (see collectives.join)
@@ -46,25 +61,19 @@ class Token(enum.Enum):
     NOT_WAITING = "not waiting"  # no caller on this rank waits any more
 
 
-class Outcome(enum.Enum):
+class Outcome(_TextEnum):
     """The kinds of batch that run no collective."""
 
     JOIN_DONE = "join_done"  # every rank has joined; value: the last one to join
     SHUTDOWN = "shutdown"  # value: the first rank that shut down
     STALLED = "stalled"  # value: the stall inspector's report
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class GroupLayout(enum.Enum):
+class GroupLayout(_TextEnum):
     """Where a grouped all-reduce's members are reduced (see groups.group_layout)."""
 
     MEMBERS = "members"  # each member where it lies, into its output
     PACKED = "packed"  # the members packed end to end into one buffer
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def _label(text: str):
