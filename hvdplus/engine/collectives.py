@@ -19,8 +19,8 @@ from .protocol import Agreement, Collective, Request
 from .requests import input_error
 
 __all__ = [
-    "input_error_async", "grouped_input_error_async", "allreduce_async", "grouped_allreduce_async", "allgather_async", "broadcast_async",
-    "alltoall_async", "reducescatter_async", "poll", "synchronize",
+    "input_error_async", "grouped_input_error_async", "allreduce_async", "grouped_allreduce_async",
+    "allgather_async", "broadcast_async", "alltoall_async", "reducescatter_async", "poll", "synchronize",
     "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "barrier", "broadcast_object", "allgather_object", "join",
 ]
@@ -194,8 +194,8 @@ def synchronize(handle):
 
 def allreduce(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
     """Elementwise reduction of `array` over all ranks; every rank gets the result."""
-    plan = _reduction_plan(Collective.ALLREDUCE, array, op, prescale_factor, postscale_factor)
-    return _submit(Collective.ALLREDUCE, name, plan).wait()
+    plan = _reduction_plan(_ALLREDUCE, array, op, prescale_factor, postscale_factor)
+    return _submit(_ALLREDUCE, name, plan).wait()
 
 
 def grouped_allreduce(arrays, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
