@@ -123,7 +123,7 @@ class CollectiveAlgorithms:
             return output
         algorithm = algorithm or self.choose(source.nbytes)
         if algorithm == "shm":
-            if self.single_copy is not None and source.nbytes >= SINGLE_COPY_BYTES:
+            if self._reads_peers(source.nbytes, 1):
                 self.single_copy.allreduce_arrays([source], op, outputs=[output])
                 return output
             return self.window.allreduce(source, op, output)
@@ -207,11 +207,15 @@ class CollectiveAlgorithms:
             fused_targets += [target for _, target in small]
         if not fused_sources:
             return
-        if (self.single_copy is not None and self.single_copy.fits(len(fused_sources))
-                and sum(source.nbytes for source in fused_sources) >= SINGLE_COPY_BYTES):
+        if self._reads_peers(sum(source.nbytes for source in fused_sources), len(fused_sources)):
             self.single_copy.allreduce_arrays(fused_sources, op, scale, fused_targets)
         else:
             self.window.allreduce_arrays(fused_sources, op, scale, outputs=fused_targets)
+
+    def _reads_peers(self, nbytes: int, count: int) -> bool:
+        """Whether `count` arrays of `nbytes` in all go through the single-copy reads rather
+        than the shared window (decided alike on every rank, from agreed sizes)."""
+        return self.single_copy is not None and nbytes >= SINGLE_COPY_BYTES and self.single_copy.fits(count)
 
     def _shared_window_for(self, nbytes: int, threshold: int = SMALL_BYTES):
         """The window, when a collective over `nbytes` should use it."""

@@ -129,7 +129,7 @@ def _joined_zeros(request):
     """A joined rank's stand-ins for a request: one flat array, or one per member of a group
     that the other ranks reduce member by member."""
     agree = request.agree
-    if agree.layout is not GroupLayout.MEMBERS:
+    if agree.layout is not _MEMBERS:
         return [_zeros_to_reduce(request).reshape(-1)]
     dtype = accumulation_dtype(agree.dtype)
     return [np.zeros(math.prod(shape), dtype=dtype) for shape in agree.member_shapes]

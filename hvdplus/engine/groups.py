@@ -83,7 +83,8 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
     for index, (array, output) in enumerate(zip(arrays, outputs)):
         data = array
         # The checks depend on the dtype alone, and an output that is the array itself only
-        # needs to be writable in place: a step's dozens of gradients make this loop worth keeping lean.
+        # needs to be writable in place: a step's dozens of gradients make this loop worth
+        # keeping lean.
         if type(data) is not np.ndarray or data.dtype not in checked or (output is not None and output is not data):
             what = f"grouped_allreduce '{group}' member {index}"
             data = arguments.as_array(array, what)
@@ -109,7 +110,8 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
                       prescale=prescale, postscale=postscale,
                       layout=group_layout(member_dtypes, reduce_as.name, prescale, in_shared_memory))
     if agree.layout is GroupLayout.MEMBERS:
-        return (Request(Collective.ALLREDUCE, group, agree),) + _member_wise(members, outputs, starts, packed_size, pool)
+        payload, finish = _member_wise(members, outputs, starts, packed_size, pool)
+        return Request(Collective.ALLREDUCE, group, agree), payload, finish
 
     def finish(reduced):
         return _unpack(reduced, members, outputs, starts)

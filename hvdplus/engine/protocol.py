@@ -15,18 +15,9 @@ __all__ = ["Collective", "JOINABLE", "Token", "Outcome", "GroupLayout", "Agreeme
            "NOTHING_TO_AGREE", "Request", "Batch"]
 
 
-class _WireEnum(enum.Enum):
-    """An enum that travels between ranks as a reference to its member: unpickled by an
-    attribute lookup on its class, where an Enum's own pickling calls the class with the
-    value, which costs more than the rest of a token's round trip."""
-
-    def __reduce_ex__(self, protocol):
-        return f"{type(self).__qualname__}.{self._name_}"
-
-
-class _TextEnum(str, _WireEnum):
-    """A _WireEnum whose members are their own text, formatted and hashed as plain strings
-    (as 3.11's StrEnum is): messages and names built on every call stay cheap."""
+class _TextEnum(str, enum.Enum):
+    """An enum whose members are their own text, formatted and hashed as plain strings (as
+    3.11's StrEnum is): messages and names built on every call stay cheap."""
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -52,7 +43,7 @@ JOINABLE = frozenset({Collective.ALLREDUCE, Collective.ALLGATHER, Collective.BRO
                       Collective.REDUCESCATTER, Collective.BARRIER})
 
 
-class Token(_WireEnum):
+class Token(enum.Enum):
     """A rank's news for the coordinator, sent among its requests."""
 
     JOIN = "join"  # this rank has no more data (see collectives.join)
