@@ -30,6 +30,8 @@ __all__ = ["__version__", *_BASICS, *sorted(_LAZY)]
 
 
 def __getattr__(name):
+    if name == "elastic":  # a package of its own, loaded on first use like the collectives
+        return importlib.import_module("hvdplus.elastic")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'hvdplus' has no attribute {name!r}")
@@ -39,4 +41,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"elastic"})

@@ -30,6 +30,7 @@ from typing import List
 import numpy as np
 from mpi4py import MPI
 
+from .failures import check_peers
 from .memory import same_memory
 from .pieces import pieces_of
 from .reduction import UFUNCS
@@ -44,6 +45,9 @@ HEADER_BYTES = 64
 # then sleeps between looks: a peer that is still computing may take much longer.
 _YIELDS_BEFORE_SLEEP = 2000
 _SLEEP_S = 50e-6
+# While sleeping, ask MPI this often (in looks) whether a peer died: a dead rank never
+# arrives, and only MPI can tell.
+_LOOKS_PER_PEER_CHECK = 256
 _STORES_ARE_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
@@ -79,6 +83,8 @@ class SharedWindow:
                     os.sched_yield()
                 else:
                     time.sleep(_SLEEP_S)
+                    if looks % _LOOKS_PER_PEER_CHECK == 0:
+                        check_peers(self.comm)
 
     def free(self) -> None:
         self._views.clear()

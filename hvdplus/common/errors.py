@@ -10,6 +10,8 @@ __all__ = [
     "TensorMismatchError",
     "ShutdownError",
     "StalledError",
+    "RanksFailedError",
+    "HostsUpdatedInterrupt",
     "input_error_class",
     "error_to_wire",
     "error_from_wire",
@@ -40,8 +42,31 @@ class StalledError(HvdplusError):
     """Ranks waited on a tensor longer than HVDPLUS_STALL_SHUTDOWN_TIME_SECONDS."""
 
 
+class RanksFailedError(HvdplusError):
+    """Ranks of the job died, so the operation could not complete (Horovod's
+    HorovodInternalError). Under `hvdplus.elastic.run` the job re-forms on the survivors
+    and the state rolls back to its last commit; elsewhere it ends the job."""
+
+    def __init__(self, message: str, ranks=()):
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The job's hosts changed (slots were added), so the job re-forms at this commit.
+
+    Args:
+        skip_sync: True when no rank's state changed since the last sync, so the state
+            need not be broadcast again after the re-form.
+    """
+
+    def __init__(self, skip_sync: bool = False, message: str = "the job's hosts changed"):
+        super().__init__(message)
+        self.skip_sync = skip_sync
+
+
 _WIRE_CLASSES = {cls.__name__: cls for cls in (
-    TypeError, ValueError, HvdplusError, TensorMismatchError, ShutdownError, StalledError,
+    TypeError, ValueError, HvdplusError, TensorMismatchError, ShutdownError, StalledError, RanksFailedError,
 )}
 
 

@@ -62,6 +62,10 @@ class Settings:
     ranks_per_node: int = 0
     overlap: str = "auto"
     single_copy: bool = True
+    elastic_dir: Optional[str] = None
+    ulfm: bool = False
+    in_place_recovery: bool = False
+    elastic_min_np: int = 1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
@@ -91,7 +95,19 @@ class Settings:
             ranks_per_node=ranks_per_node,
             overlap=overlap,
             single_copy=_lookup(environ, "SINGLE_COPY") is None or _flag(environ, "SINGLE_COPY"),
+            elastic_dir=_lookup(environ, "ELASTIC_DIR"),
+            elastic_min_np=_number(environ, "ELASTIC_MIN_NP", cls.elastic_min_np, int),
+            ulfm=_ulfm(environ),
+            in_place_recovery=_ulfm(environ) and (
+                _lookup(environ, "ELASTIC_IN_PLACE") is None or _flag(environ, "ELASTIC_IN_PLACE")),
         )
+
+
+def _ulfm(environ: Mapping[str, str]) -> bool:
+    """Whether MPI lets the ranks outlive a dead one: Open MPI started with `--with-ft ulfm`
+    (which `hvdplusrun` passes to elastic jobs). The survivors then re-form the job in
+    place, unless HVDPLUS_ELASTIC_IN_PLACE=0 asks the launcher to restart it instead."""
+    return environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def overlaps_compute(mode: str, ranks_on_node: int, cores: Optional[int] = None) -> bool:

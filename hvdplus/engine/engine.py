@@ -27,7 +27,8 @@ from typing import Any, Deque, Dict, List, Optional
 
 from mpi4py import MPI
 
-from ..common.errors import HvdplusError, ShutdownError, StalledError, error_from_wire
+from ..comm.failures import failed_ranks, is_process_failure
+from ..common.errors import HvdplusError, RanksFailedError, ShutdownError, StalledError, error_from_wire
 from .executor import JOINED, execute_batch
 from .fusion import FusionBuffer
 from .handles import Handle
@@ -71,8 +72,10 @@ class Entry:
 class Engine:
     """Owns the control and data communicators and the thread that drives them."""
 
-    def __init__(self, comm, settings, algorithms, overlap: bool = True):
+    def __init__(self, comm, settings, algorithms, overlap: bool = True, revoke_all=None):
         self.data_comm = comm
+        # Revokes every communicator of the runtime when a peer dies (see comm.failures).
+        self._revoke_all = revoke_all
         self.overlap = overlap
         self.algorithms = algorithms
         self.control_comm = comm.Dup()
@@ -109,6 +112,7 @@ class Engine:
         self._progress = threading.Lock()
         self._shutdown_sent = False
         self._failure: Optional[BaseException] = None
+        self._peers_lost = False
         self._thread = threading.Thread(target=self._run, name="hvdplus-engine", daemon=True)
         self._thread.start()
 
@@ -125,7 +129,7 @@ class Engine:
         handle = Handle(request.name, self, finish)
         with self._lock:
             if self._failure is not None:
-                raise self._failure
+                raise _for_name(self._failure, request.name)
             if request.name in self._in_flight:
                 raise ValueError(
                     f"an operation named '{request.name}' is already in flight on rank {self.rank}; "
@@ -158,7 +162,26 @@ class Engine:
         self._wake.set()
         self._thread.join(timeout=_SHUTDOWN_WAIT_S + 5)
         self.stop_timeline()
-        self.control_comm.Free()
+        if not self._peers_lost:
+            self.control_comm.Free()
+
+    @property
+    def peers_lost(self) -> bool:
+        """Whether a peer died: the engine has stopped and its communicators are revoked."""
+        return self._peers_lost
+
+    def abandon(self) -> None:
+        """Stop at once on this rank alone, after a peer died: no shutdown is negotiated, and
+        the revoked communicators are left to MPI (freeing one would wait for the dead)."""
+        self._peers_lost = True
+        with self._lock:
+            self._finished = True
+            self._stop_requested = True
+        self._wake.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=_SHUTDOWN_WAIT_S)
+        self._fail_everything(RanksFailedError("hvdplus re-formed the job before this operation completed"))
+        self.stop_timeline()
 
     # -- engine thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -172,13 +195,17 @@ class Engine:
                         self._progress.release()
                 if not self._finished:
                     self._idle()
-            self._finish_shutdown()
+            if not self._peers_lost:
+                self._finish_shutdown()
 
     @contextlib.contextmanager
     def _failing_aborts_the_job(self):
         try:
             yield
         except BaseException as exc:  # never die silently: the other ranks would wait forever
+            if self.settings.ulfm and is_process_failure(exc):
+                self._lose_peers()
+                return
             traceback.print_exc()
             self._fail_everything(HvdplusError(f"hvdplus engine failed on rank {self.rank}: {exc!r}"))
             sys.stderr.write(f"hvdplus: engine failure on rank {self.rank}; aborting the job\n")
@@ -413,13 +440,26 @@ class Engine:
 
     def _fail_everything(self, error: BaseException) -> None:
         with self._lock:
-            self._failure = error
+            if self._failure is None:
+                self._failure = error
             entries = list(self._in_flight.values())
             self._in_flight.clear()
             self._submitted.clear()
         for entry in entries:
-            entry.handle.set_error(type(error)(f"'{entry.name}': {error}"))
+            entry.handle.set_error(_for_name(error, entry.name))
         self._notify_waiters()
+
+    def _lose_peers(self) -> None:
+        """A peer died (or another rank saw one die and revoked the communicators): revoke
+        them all, so no rank waits on the dead, and fail everything pending here."""
+        failed = failed_ranks(self.data_comm)
+        if self._revoke_all is not None:
+            self._revoke_all()
+        self._peers_lost = True
+        self._finished = True
+        who = f"ranks {failed}" if failed else "a rank"
+        self._fail_everything(RanksFailedError(
+            f"{who} of the {self.size}-rank job failed (seen on rank {self.rank})", failed))
 
     # -- stalls and shutdown ----------------------------------------------------------
     def _stall_batches(self) -> List[Batch]:
@@ -458,6 +498,13 @@ class Engine:
                 self._receive_requests()
                 time.sleep(0.001)
         self._sends = _unfinished(self._sends, _SHUTDOWN_WAIT_S, lambda: time.sleep(0.0005))
+
+
+def _for_name(error: BaseException, name: str) -> BaseException:
+    """`error` again, with the name of the operation it ended in front of its message."""
+    if isinstance(error, RanksFailedError):
+        return RanksFailedError(f"'{name}': {error}", error.ranks)
+    return type(error)(f"'{name}': {error}")
 
 
 def _unfinished(sends: List[MPI.Request], seconds: float, pause) -> List[MPI.Request]:

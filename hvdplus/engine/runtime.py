@@ -9,7 +9,7 @@ import atexit
 import itertools
 import os
 import sys
-from typing import Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 from ..common.errors import NotInitializedError
 from ..common.settings import Settings, overlaps_compute
@@ -18,7 +18,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "current",
     "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
     "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built",
-    "start_timeline", "stop_timeline",
+    "start_timeline", "stop_timeline", "reform", "on_reform",
 ]
 
 
@@ -33,9 +33,19 @@ class Runtime:
         self.settings = settings
         self.algorithms = CollectiveAlgorithms(topology, settings.allreduce_algorithm,
                                                single_copy=settings.single_copy)
+        # Where each rank runs, to tell the launcher which hosts lost a rank.
+        self.hosts = topology.comm.allgather(_host_name()) if settings.ulfm else [""] * topology.size
         overlap = overlaps_compute(settings.overlap, topology.local_comm.Get_size())
-        self.engine = Engine(topology.comm, settings, self.algorithms, overlap=overlap)
+        self.engine = Engine(topology.comm, settings, self.algorithms, overlap=overlap, revoke_all=self.revoke)
         self._name_counters = {}
+
+    def revoke(self) -> None:
+        """Revoke every communicator this runtime uses (a peer died; see comm.failures)."""
+        from ..comm.failures import revoke
+
+        topology = self.topology
+        revoke([self.engine.control_comm if hasattr(self, "engine") else None,
+                topology.local_comm, topology.cross_comm, topology.comm])
 
     def name_for(self, kind: str, name: Optional[str]) -> str:
         """`name`, or a deterministic one ("allreduce.7"): the n-th unnamed call of a kind
@@ -46,9 +56,16 @@ class Runtime:
         return f"{kind}.{next(counter)}"
 
 
+def _host_name() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
 _runtime: Optional[Runtime] = None
 _previous_excepthook = None
 _exit_hook_registered = False
+_reform_callbacks: List[Callable[[], None]] = []
 
 
 def init(comm: Union[None, "object", Sequence[int]] = None) -> None:
@@ -136,8 +153,60 @@ def shutdown() -> None:
     if _previous_excepthook is not None:
         sys.excepthook, _previous_excepthook = _previous_excepthook, None
     runtime.engine.stop()
-    runtime.algorithms.free()
-    runtime.topology.free()
+    if not runtime.engine.peers_lost:
+        runtime.algorithms.free()
+        runtime.topology.free()
+
+
+def reform() -> List[Tuple[int, str]]:
+    """Re-form the job on the ranks that are still alive, after a peer died (collective on
+    the survivors; needs MPI with failure mitigation, see `Settings.ulfm`). Returns the
+    (old rank, host) of each rank that died.
+
+    The old runtime is abandoned where it stands: its communicators are revoked and left to
+    MPI, since freeing one would wait for the dead rank. The survivors keep their order, so
+    rank 0 of the new job is the lowest surviving rank of the old one. A rank that dies
+    while the job re-forms makes the survivors shrink once more."""
+    global _runtime
+    from ..comm.failures import is_process_failure, revoke, shrink
+    from ..comm.topology import build_topology
+
+    old = current("reform()")
+    old.revoke()
+    old.engine.abandon()
+    _runtime = None
+    comm = old.topology.comm
+    while _runtime is None:
+        comm = shrink(comm)
+        try:
+            _runtime = Runtime(build_topology(comm, old.settings), old.settings)
+        except Exception as exc:  # noqa: BLE001 (only a dead peer is retried)
+            if not is_process_failure(exc):
+                raise
+            revoke([comm])
+    lost = _lost_ranks(old.topology.comm, _runtime.topology.comm, old.hosts)
+    for callback in list(_reform_callbacks):
+        callback()
+    return lost
+
+
+def _lost_ranks(before, after, hosts) -> List[Tuple[int, str]]:
+    from mpi4py import MPI
+
+    group_before, group_after = before.Get_group(), after.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group_before, list(range(group_before.Get_size())), group_after)
+    finally:
+        group_before.Free()
+        group_after.Free()
+    return [(old, hosts[old]) for old, new in enumerate(ranks) if new == MPI.UNDEFINED]
+
+
+def on_reform(callback: Callable[[], None]) -> Callable[[], None]:
+    """Call `callback()` on this rank after each `reform()` (e.g. to re-read `size()`);
+    returns a function that removes it again."""
+    _reform_callbacks.append(callback)
+    return lambda: _reform_callbacks.remove(callback) if callback in _reform_callbacks else None
 
 
 def is_initialized() -> bool:

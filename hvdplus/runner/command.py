@@ -46,6 +46,7 @@ class Job:
         output_dir: directory for one output file per rank, or None for the console only.
         env_names: variables to forward to every rank.
         mpi_args: extra launcher arguments, placed after ours so they win.
+        fault_tolerant: let the ranks outlive a dead one (elastic jobs), where MPI can.
     """
 
     num_proc: int
@@ -57,6 +58,7 @@ class Job:
     output_dir: Optional[str] = None
     env_names: Sequence[str] = ()
     mpi_args: Sequence[str] = ()
+    fault_tolerant: bool = False
 
 
 class Dialect(abc.ABC):
@@ -73,6 +75,8 @@ class Dialect(abc.ABC):
         if job.oversubscribe:
             argv += self.oversubscribe()
         argv += self.no_binding() + self.abort_on_failure() + self.output(job.output_dir)
+        if job.fault_tolerant:
+            argv += self.fault_tolerance()
         if job.hostfile:
             argv += self.hostfile(job.hostfile)
         elif job.hosts:
@@ -107,6 +111,11 @@ class Dialect(abc.ABC):
 
     def abort_on_failure(self) -> List[str]:
         """End the whole job when one rank exits with an error."""
+        return []
+
+    def fault_tolerance(self) -> List[str]:
+        """Keep the job running when a rank dies, so the others can re-form it (none
+        where MPI cannot: the elastic launcher restarts the job instead)."""
         return []
 
     @abc.abstractmethod
@@ -147,6 +156,10 @@ class OpenMpi(Dialect):
         # and mpirun never sees it exit. Without the barrier it exits, and mpirun ends the
         # job. `--mpi-args "--mca async_mpi_finalize 0"` restores the barrier.
         return ["--mca", "async_mpi_finalize", "1"]
+
+    def fault_tolerance(self):
+        # Open MPI 5 has User-Level Failure Mitigation built in (hvdplus.comm.failures).
+        return ["--with-ft", "ulfm"] if self.version >= (5,) else []
 
     def output(self, output_dir):
         if self.version < (5,):

@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence
 from ..version import __version__
 from . import check_build
 from .command import Job, dialect_for, forwarded_env_names, local_core_count, needs_oversubscribe
+from .elastic import ElasticOptions, HostDiscovery, run_elastic
 from .errors import LaunchError
 from .hosts import Host, on_this_machine, parse_host_list, read_hostfile, total_slots
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
@@ -60,6 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--check-build", action="store_true",
                         help="show the MPI and frameworks this installation can use, and exit")
     add_tuning_arguments(parser)
+    elastic = parser.add_argument_group("elastic jobs (any of the first three makes a job elastic)")
+    elastic.add_argument("--min-np", type=_positive_int, metavar="N",
+                         help="fewest ranks the job may run on (default: 1)")
+    elastic.add_argument("--max-np", type=_positive_int, metavar="N",
+                         help="most ranks the job may grow to (default: every slot found)")
+    elastic.add_argument("--host-discovery-script", metavar="SCRIPT",
+                         help="prints the available hosts, one 'host:slots' per line; run every second")
+    elastic.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                         help="times the job may be started again after ranks died (default: 3)")
+    elastic.add_argument("--elastic-timeout", type=float, default=600.0, metavar="SECONDS",
+                         help="how long to wait for --min-np slots (default: 600)")
+    elastic.add_argument("--no-in-place", dest="in_place", action="store_false",
+                         help="restart the job after a failure instead of re-forming it on the survivors")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
 
@@ -82,15 +96,46 @@ def _hosts(args: argparse.Namespace) -> List[Host]:
     return []
 
 
+def _is_elastic(args: argparse.Namespace) -> bool:
+    return bool(args.min_np or args.max_np or args.host_discovery_script)
+
+
 def launch(args: argparse.Namespace) -> int:
     """Start the job `args` describes and wait for it; return the exit status."""
     hosts = _hosts(args)
+    if _is_elastic(args):
+        return _launch_elastic(args, hosts)
     num_proc = args.num_proc or total_slots(hosts)
     if not num_proc:
         raise LaunchError("-np is required unless -H or --hostfile give the slots")
+    return _run_job(args, hosts, num_proc)
+
+
+def _launch_elastic(args: argparse.Namespace, hosts: List[Host]) -> int:
+    if not args.host_discovery_script and not hosts:
+        slots = args.max_np or args.num_proc
+        if not slots:
+            raise LaunchError("an elastic job needs -np, --max-np, -H, --hostfile or --host-discovery-script")
+        hosts = [Host("localhost", slots)]
+    options = ElasticOptions(
+        num_proc=args.num_proc, min_np=args.min_np, max_np=args.max_np,
+        discovery_script=args.host_discovery_script, max_restarts=args.max_restarts,
+        elastic_timeout=args.elastic_timeout, in_place=args.in_place,
+    )
+
+    def start(job_hosts, num_proc, env, tick):
+        return _run_job(args, job_hosts, num_proc, extra_env=env, fault_tolerant=True, on_tick=tick,
+                        hostfile_given=False)
+
+    return run_elastic(options, HostDiscovery(args.host_discovery_script, hosts), start)
+
+
+def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_env=None,
+             fault_tolerant: bool = False, on_tick=None, hostfile_given: bool = True) -> int:
+    """Run one mpirun of `num_proc` ranks on `hosts` to its end; return its exit status."""
     mpirun = find_mpirun(default_search_dirs(), os.environ.get(MPIRUN_ENV))
     dialect = dialect_for(identify_mpi(mpirun))
-    env = dict(os.environ, **tuning_environment(args))
+    env = dict(os.environ, **tuning_environment(args), **(extra_env or {}))
     cores = local_core_count()
     usable = usable_cores(cores)
     threads = rank_threads_environment(env, num_proc, local_only=on_this_machine(hosts), core_count=usable)
@@ -104,7 +149,7 @@ def launch(args: argparse.Namespace) -> int:
     if output_dir:
         dialect.prepare_output_dir(output_dir, num_proc)
     with tempfile.TemporaryDirectory(prefix="hvdplusrun-") as workdir:
-        hostfile = args.hostfile and dialect.prepare_hostfile(args.hostfile, hosts, workdir)
+        hostfile = hostfile_given and args.hostfile and dialect.prepare_hostfile(args.hostfile, hosts, workdir)
         job = Job(
             num_proc=num_proc,
             program=args.command,
@@ -115,12 +160,13 @@ def launch(args: argparse.Namespace) -> int:
             output_dir=output_dir,
             env_names=forwarded_env_names(env),
             mpi_args=shlex.split(args.mpi_args),
+            fault_tolerant=fault_tolerant,
         )
         argv = dialect.command(mpirun, job)
         if args.verbose:
             print(shlex.join(argv), flush=True)
         # A launcher that marks its output's pieces leaves the lines to hvdplusrun (rank_output).
-        return run_supervised(argv, env, tag_lines=MARKER_PATTERN in argv)
+        return run_supervised(argv, env, tag_lines=MARKER_PATTERN in argv, on_tick=on_tick)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

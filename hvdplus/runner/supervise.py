@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .rank_output import start_relay
 
@@ -62,7 +62,7 @@ def kill_session(session_id: int) -> None:
 
 def run_supervised(
     argv: Sequence[str], env: Optional[Mapping[str, str]] = None, kill_after: float = 10.0,
-    tag_lines: bool = False,
+    tag_lines: bool = False, on_tick: Optional[Callable[[], None]] = None,
 ) -> int:
     """Run `argv` to completion, forwarding SIGINT/SIGTERM; return the launcher's exit status.
 
@@ -72,6 +72,7 @@ def run_supervised(
         kill_after: seconds between the first forwarded signal and killing the session.
         tag_lines: mpirun marks each piece of output with its rank (`rank_output`);
             write whole lines tagged with it instead.
+        on_tick: called about every POLL_SECONDS while mpirun runs (elastic host discovery).
     """
     pipe = subprocess.PIPE if tag_lines else None
     child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe, stderr=pipe)
@@ -92,6 +93,8 @@ def run_supervised(
                 returncode = child.wait(timeout=POLL_SECONDS)
                 break
             except subprocess.TimeoutExpired:
+                if on_tick is not None:
+                    on_tick()
                 if received and time.monotonic() - received[0][1] >= kill_after:
                     kill_session(child.pid)
         if received:

@@ -13,6 +13,7 @@ update the parameters.
 
 import contextlib
 import warnings
+import weakref
 
 import numpy as np
 import torch
@@ -40,23 +41,36 @@ class _DistributedOptimizer:
                        gradient_predivide_factor, groups, sparse_as_dense):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
-        size = runtime.size()
-        self._reduction = gradient_reduction(op, gradient_predivide_factor, size)
         self._compression = compression
         self._passes_per_step = backward_passes_per_step
         self._sparse_as_dense = sparse_as_dense
+        self._op, self._predivide, self._explicit_groups = op, gradient_predivide_factor, groups
         params = [p for group in self.param_groups for p in group["params"]]
         self._params = params
         self._names = _parameter_names(params, named_parameters)
+        self._hooks = []
+        self._hvdplus_attach()
+        # A job that re-forms (hvdplus.elastic) has a new size and engine: attach again.
+        this = weakref.ref(self)
+        self._hvdplus_detach_from_reforms = runtime.on_reform(lambda: this() is not None and this()._hvdplus_attach())
+
+    def _hvdplus_attach(self):
+        """Everything that depends on the job's size: the reduction, the fusion groups, the
+        hooks, and a clean slate for the hooks' bookkeeping."""
+        for hook in self._hooks:
+            hook.remove()
+        size = runtime.size()
+        params = self._params
+        self._reduction = gradient_reduction(self._op, self._predivide, size)
         trained = [p for p in params if p.requires_grad]
-        if groups is None and size > 1:
+        if self._explicit_groups is None and size > 1:
             groups_of = _automatic_groups(trained, runtime.current("DistributedOptimizer").engine.overlap)
         else:
-            groups_of = _fusion_groups(params, groups)
+            groups_of = _fusion_groups(params, self._explicit_groups)
         # The hooks' bookkeeping is keyed by id(parameter): a tensor's own __hash__ is a
         # Python call, and the hooks ask it several times per gradient every step.
         self._groups = {id(p): group for p, group in groups_of.items()}
-        self._passes_left = {id(p): backward_passes_per_step for p in params}
+        self._passes_left = {id(p): self._passes_per_step for p in params}
         self._group_ready = {}
         self._submitted = set()
         self._pending = []
@@ -187,11 +201,15 @@ class _DistributedOptimizer:
                 if param.requires_grad and id(param) not in self._submitted:
                     self._submit(param)
         pending, self._pending = self._pending, []
-        for finish in pending:
-            finish()
-        self._submitted.clear()
-        for key in self._passes_left:
-            self._passes_left[key] = self._passes_per_step
+        try:
+            for finish in pending:
+                finish()
+        finally:
+            # Also after a failed all-reduce, so the next step starts afresh (hvdplus.elastic).
+            self._submitted.clear()
+            self._group_ready.clear()
+            for key in self._passes_left:
+                self._passes_left[key] = self._passes_per_step
         self._synchronized = True
 
     @contextlib.contextmanager

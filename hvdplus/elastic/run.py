@@ -1,0 +1,77 @@
+"""`hvdplus.elastic.run`: call the training function again after the job re-forms.
+
+When a rank dies, every survivor's pending and next collective raises RanksFailedError.
+The survivors roll their state back to its last commit and re-form the job among
+themselves (`runtime.reform`), or, where in-place recovery is off, tell the launcher which
+ranks died and end, so that `hvdplusrun` starts the job again on the slots that remain.
+When the launcher adds slots, `state.commit()` raises HostsUpdatedInterrupt on every rank
+and the ranks end the same way, to be started again on more slots; the restarted job
+loads the last commit from disk.
+"""
+
+import functools
+import sys
+import time
+
+from ..common import elastic_files
+from ..common.errors import HostsUpdatedInterrupt, RanksFailedError
+from ..engine import runtime
+
+__all__ = ["run"]
+
+
+def run(func):
+    """Decorate `func(state, ...)` so it survives re-forms of the job: it is called again,
+    with `state` rolled back to its last commit and synced from the new rank 0, until it
+    returns."""
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except RanksFailedError as failure:
+                state.restore()
+                skip_sync = False
+                _recover(failure)
+            except HostsUpdatedInterrupt:
+                _end_for_restart(elastic_files.RestartRequest("hosts"))
+            state.on_reset()
+
+    return wrapper
+
+
+def _recover(failure: RanksFailedError) -> None:
+    """Re-form the job on the survivors; or, where it is to restart instead, end it."""
+    started = time.monotonic()
+    old_size = runtime.size()
+    lost = runtime.reform()
+    settings = runtime.current("elastic.run").settings
+    if settings.in_place_recovery and runtime.size() >= settings.elastic_min_np:
+        if runtime.rank() == 0:
+            sys.stderr.write(
+                f"hvdplus: ranks {[rank for rank, _ in lost]} of {old_size} died; the other "
+                f"{runtime.size()} re-formed the job in {time.monotonic() - started:.2f} s\n")
+            sys.stderr.flush()
+            if settings.elastic_dir is not None:
+                elastic_files.add_lost_hosts(settings.elastic_dir, [host for _, host in lost])
+        return
+    _end_for_restart(elastic_files.RestartRequest(
+        "failure", failed_ranks=[rank for rank, _ in lost], failed_hosts=[host for _, host in lost]))
+
+
+def _end_for_restart(request: elastic_files.RestartRequest) -> None:
+    """End every rank, leaving the launcher `request`, so that it starts the job again."""
+    folder = runtime.current("elastic.run").settings.elastic_dir
+    if folder is None:
+        raise RuntimeError(
+            f"hvdplus: the job must restart ({request.reason}), but it was not started by "
+            "hvdplusrun's elastic mode (--min-np/--max-np/--host-discovery-script), which restarts it"
+        )
+    if runtime.rank() == 0:
+        elastic_files.write_restart(folder, request)
+    runtime.shutdown()
+    raise SystemExit(0)

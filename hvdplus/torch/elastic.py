@@ -1,0 +1,175 @@
+"""Elastic training with PyTorch: `hvd.elastic.TorchState`, `hvd.elastic.ElasticSampler`.
+
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            for batch_idx, (data, target) in enumerate(loader):
+                ...
+                state.sampler.record_batch(batch_idx, batch_size)
+                state.commit()
+            state.sampler.set_epoch(state.epoch + 1)
+
+Models and optimizers roll back through their state dicts, and sync by broadcasting them
+from rank 0; an ElasticSampler re-shards what is left of its epoch over the new ranks.
+"""
+
+import copy
+import random
+from typing import Any, Callable, List
+
+import torch
+
+from ..elastic import HostsUpdatedInterrupt, ObjectHandler, ObjectState, RanksFailedError, State, run
+from ..engine import runtime
+from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+
+__all__ = ["TorchState", "ElasticSampler", "run", "ObjectState", "State", "HostsUpdatedInterrupt",
+           "RanksFailedError"]
+
+
+class ElasticSampler(torch.utils.data.Sampler):
+    """Shards a dataset over the ranks, and after a re-form goes on with the samples the
+    epoch has not yet committed, over the new number of ranks: none repeated, none skipped.
+
+    What is left of the epoch is dealt round-robin, so the ranks' shares differ by at most
+    one sample. `record_batch` marks the batch as processed on every rank at once (the
+    batches of all ranks are known to each), so the committed progress survives the death
+    of any rank.
+
+    Args:
+        dataset: anything with a length.
+        shuffle: visit the samples in an order drawn from `seed` and the epoch.
+        seed: the same on every rank.
+    """
+
+    def __init__(self, dataset, shuffle: bool = True, seed: int = 0):
+        self.dataset = dataset
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.processed_indices: set = set()
+        self.reset()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch `epoch`, with no sample processed yet."""
+        self.epoch = epoch
+        self.processed_indices = set()
+        self.reset()
+
+    def reset(self) -> None:
+        """Deal what is left of the epoch over the ranks the job has now."""
+        self.num_replicas = runtime.size() if runtime.is_initialized() else 1
+        self.rank = runtime.rank() if runtime.is_initialized() else 0
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        self.remaining_indices = [i for i in order if i not in self.processed_indices]
+        self.indices = self._share(self.rank)
+
+    def _share(self, rank: int) -> List[int]:
+        return self.remaining_indices[rank::self.num_replicas]
+
+    def get_indices(self, batch_idx: int, batch_size: int) -> List[int]:
+        """This rank's samples in batch `batch_idx` (counted since the last reset)."""
+        return self.indices[batch_idx * batch_size:(batch_idx + 1) * batch_size]
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        """Mark batch `batch_idx` of every rank as processed."""
+        for rank in range(self.num_replicas):
+            self.processed_indices.update(self._share(rank)[batch_idx * batch_size:(batch_idx + 1) * batch_size])
+
+    def record_indices(self, indices) -> None:
+        """Mark `indices` as processed (on this rank; the state's sync unites the ranks')."""
+        self.processed_indices.update(int(i) for i in indices)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "processed_indices": sorted(self.processed_indices)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.epoch = state_dict["epoch"]
+        self.processed_indices = set(state_dict["processed_indices"])
+        self.reset()
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class _StateDictHandler:
+    """Keeps a copy of a value's `state_dict()` (a model, an optimizer, a sampler); `sync`
+    is how rank 0's value reaches the others."""
+
+    def __init__(self, value, sync: Callable[[Any, str], None]):
+        self._sync = sync
+        self.save(value)
+
+    def save(self, value):
+        self.saved = _copied(value.state_dict())
+
+    def restore(self, value):
+        # load_state_dict may keep the tensors it is given (optimizers do): hand it a copy.
+        value.load_state_dict(_copied(self.saved))
+        return value
+
+    def sync(self, value, name):
+        self._sync(value, name)
+        return value
+
+    def snapshot(self):
+        return self.saved
+
+    def load(self, value, snapshot):
+        self.saved = snapshot
+        return self.restore(value)
+
+
+def _sync_model(model, name):
+    broadcast_parameters(model.state_dict(), root_rank=0)
+
+
+def _sync_optimizer(optimizer, name):
+    broadcast_optimizer_state(optimizer, root_rank=0)
+
+
+def _sync_sampler(sampler, name):
+    sampler.load_state_dict(broadcast_object(sampler.state_dict(), root_rank=0, name=name))
+
+
+def _handler_for(value: Any):
+    if isinstance(value, torch.nn.Module):
+        return _StateDictHandler(value, _sync_model)
+    if isinstance(value, torch.optim.Optimizer):
+        return _StateDictHandler(value, _sync_optimizer)
+    if isinstance(value, ElasticSampler):
+        return _StateDictHandler(value, _sync_sampler)
+    return ObjectHandler(value)
+
+
+def _copied(state_dict):
+    """A copy that shares no tensor with `state_dict`."""
+    return copy.deepcopy({key: value.detach() if torch.is_tensor(value) else value
+                          for key, value in state_dict.items()})
+
+
+class TorchState(State):
+    """A model, an optimizer and any other values (ElasticSamplers among them) that roll
+    back together; each keyword becomes an attribute (`state.epoch`)."""
+
+    def __init__(self, model: torch.nn.Module = None, optimizer: torch.optim.Optimizer = None, **values):
+        super().__init__(handler_for=_handler_for)
+        if model is not None:
+            self._track("model", model)
+        if optimizer is not None:
+            self._track("optimizer", optimizer)
+        for name, value in values.items():
+            self._track(name, value)
+
+    def reset(self) -> None:
+        for name in self._handlers:
+            value = getattr(self, name)
+            if isinstance(value, ElasticSampler):
+                value.reset()
