@@ -21,6 +21,7 @@ from . import check_build
 from .command import Job, dialect_for, forwarded_env_names, local_core_count, needs_oversubscribe
 from .elastic import ElasticOptions, HostDiscovery, run_elastic
 from .errors import LaunchError
+from .exit_guard import guarded_command
 from .hosts import Host, on_this_machine, parse_host_list, read_hostfile, total_slots
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
 from .rank_output import MARKER_PATTERN
@@ -152,7 +153,7 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
         hostfile = hostfile_given and args.hostfile and dialect.prepare_hostfile(args.hostfile, hosts, workdir)
         job = Job(
             num_proc=num_proc,
-            program=args.command,
+            program=guarded_command(args.command),
             hosts=hosts,
             hostfile=hostfile,
             oversubscribe=needs_oversubscribe(num_proc, hosts, cores),

@@ -1,0 +1,126 @@
+"""An elastic PyTorch training job for tests/test_elastic.py: a linear model on a fixed
+dataset whose samples carry their ids, trained with hvdplus.elastic.run.
+
+    train.py OUT [--kill RANK:STEP:PHASE ...] [--epochs E]
+
+Each committed step appends (epoch, size, the ids of every rank's batch) to the state's
+log, so the test can check that every sample was committed once per epoch, and replay
+the steps with numpy. A rank named by --kill dies (SIGKILL) at that committed step, in
+that phase: "step" (before its forward pass), "backward" (with some of its gradients'
+all-reduces submitted), "commit" (inside state.commit), "sync" (inside the state's sync
+after a re-form), "end" (after the last commit). With --grow, rank 0 adds slots for the launcher's host
+discovery to find at a given step. Each kill happens once per job: a marker
+file next to OUT remembers it across restarts.
+"""
+
+import argparse
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import torch
+
+import hvdplus.torch as hvd
+
+SAMPLES, FEATURES, BATCH = 96, 4, 4
+
+
+def dataset():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((SAMPLES, FEATURES)).astype(np.float32)
+    y = (x @ np.arange(1, FEATURES + 1, dtype=np.float32) + 0.5)[:, None]
+    return torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y), torch.arange(SAMPLES))
+
+
+def initial_model():
+    model = torch.nn.Linear(FEATURES, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.linspace(-0.2, 0.2, FEATURES))
+        model.bias.zero_()
+    return model
+
+
+class Kills:
+    """The --kill plans of this rank, each carried out once per job."""
+
+    def __init__(self, plans, out):
+        self.plans = [plan.split(":") for plan in plans]
+        self.out = out
+
+    def maybe(self, step, phase):
+        for rank, at, when in self.plans:
+            marker = f"{self.out}.killed-{rank}-{at}-{when}"
+            if when == phase and int(at) == step and hvd.rank() == int(rank) and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--kill", action="append", default=[])
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--grow", metavar="FILE:STEP:SLOTS",
+                        help="at STEP, rank 0 writes 'localhost:SLOTS' to FILE (which discovery reads)")
+    parser.add_argument("--step-seconds", type=float, default=0.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    kills = Kills(args.kill, args.out)
+    data = dataset()
+    model = initial_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                         named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=11)
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, log=[])
+
+    original_save, original_sync = state.save, state.sync
+
+    def save():
+        original_save()
+        kills.maybe(len(state.log), "commit")
+
+    def sync():
+        kills.maybe(len(state.log), "sync")
+        original_sync()
+
+    state.save, state.sync = save, sync
+
+    @hvd.elastic.run
+    def train(state):
+        while state.epoch < args.epochs:
+            loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=state.sampler)
+            for batch_idx, (x, y, ids) in enumerate(loader):
+                step = len(state.log)
+                kills.maybe(step, "step")
+                time.sleep(args.step_seconds)
+                if args.grow and hvd.rank() == 0 and step == int(args.grow.split(":")[1]):
+                    with open(args.grow.split(":")[0], "w") as file:
+                        file.write(f"localhost:{args.grow.split(':')[2]}\n")
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                if any(when == "backward" for *_, when in kills.plans):
+                    model.bias.register_post_accumulate_grad_hook(lambda _: kills.maybe(step, "backward"))
+                loss.backward()
+                optimizer.step()
+                batches = hvd.allgather_object(ids.tolist(), name="ids")
+                state.sampler.record_batch(batch_idx, BATCH)
+                state.log.append((state.epoch, hvd.size(), batches))
+                state.commit()
+            state.epoch += 1
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+
+    train(state)
+    kills.maybe(len(state.log), "end")
+    if hvd.rank() == 0:
+        with open(args.out, "w") as file:
+            json.dump({"log": state.log, "size": hvd.size(),
+                       "weight": model.weight.detach().numpy().tolist(),
+                       "bias": model.bias.detach().numpy().tolist()}, file)
+
+
+if __name__ == "__main__":
+    main()
