@@ -12,7 +12,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "elastic_jobs"))
 
-import replay  # noqa: E402
+import replay  # noqa: E402 (found through the path added above)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(200)]
 
@@ -42,6 +42,7 @@ def sizes_change(trained, before, after, at):
 def test_in_place_after_a_rank_dies_between_steps(mpi_job, tmp_path, victim):
     trained, output = run_elastic(mpi_job, tmp_path, 3, ["--kill", f"{victim}:5:step"])
     assert sizes_change(trained, 3, 2, 5), replay.sizes(trained)
+    assert trained["resets"] == [2]
     assert f"ranks [{victim}] of 3 died; the other 2 re-formed the job" in output
 
 
@@ -71,12 +72,14 @@ def test_a_rank_dies_while_the_others_sync_after_a_re_form(mpi_job, tmp_path):
 def test_a_rank_that_dies_after_the_last_commit_costs_nothing(mpi_job, tmp_path):
     trained, _ = run_elastic(mpi_job, tmp_path, 3, ["--kill", f"2:{2 * STEPS_PER_EPOCH_AT_3}:end"])
     assert set(replay.sizes(trained)) == {3}
+    assert trained["resets"] == []
 
 
 def test_restart_resumes_from_the_commit_on_disk(mpi_job, tmp_path):
     trained, output = run_elastic(mpi_job, tmp_path, 3, ["--kill", "1:5:step"],
                                   launcher_args=["--min-np", "2", "--no-in-place"])
     assert sizes_change(trained, 3, 2, 5), replay.sizes(trained)
+    assert trained["resets"] == [2], "the reset callbacks run after a restart from disk too"
     assert "hvdplusrun: ranks [1] died; restart 1 of at most 3" in output
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hvdplus.runner.exit_guard import guarded_command
+from hvdplus.runner.command import guarded_command
 
 GUARD = ["-m", "hvdplus.runner.exit_guard"]
 

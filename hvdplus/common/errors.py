@@ -11,6 +11,7 @@ __all__ = [
     "ShutdownError",
     "StalledError",
     "RanksFailedError",
+    "HorovodInternalError",
     "HostsUpdatedInterrupt",
     "input_error_class",
     "error_to_wire",
@@ -50,6 +51,10 @@ class RanksFailedError(HvdplusError):
     def __init__(self, message: str, ranks=()):
         super().__init__(message)
         self.ranks = tuple(ranks)
+
+
+# Horovod's name for it, so that `except hvd.HorovodInternalError` keeps working.
+HorovodInternalError = RanksFailedError
 
 
 class HostsUpdatedInterrupt(RuntimeError):

@@ -15,8 +15,9 @@ The framework adapters add states for their models (`hvdplus.torch.elastic.Torch
 See docs/elastic.md for the three ways a job re-forms.
 """
 
-from ..common.errors import HostsUpdatedInterrupt, RanksFailedError
+from ..common.errors import HorovodInternalError, HostsUpdatedInterrupt, RanksFailedError
 from .run import run
 from .state import ObjectHandler, ObjectState, State
 
-__all__ = ["run", "State", "ObjectState", "ObjectHandler", "HostsUpdatedInterrupt", "RanksFailedError"]
+__all__ = ["run", "State", "ObjectState", "ObjectHandler", "HostsUpdatedInterrupt", "RanksFailedError",
+           "HorovodInternalError"]

@@ -27,24 +27,21 @@ def run(func):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        skip_sync = False
         while True:
             try:
-                if not skip_sync:
-                    state.sync()
+                state.sync()
                 return func(state, *args, **kwargs)
-            except RanksFailedError as failure:
+            except RanksFailedError:
                 state.restore()
-                skip_sync = False
-                _recover(failure)
+                _recover(state)
             except HostsUpdatedInterrupt:
-                _end_for_restart(elastic_files.RestartRequest("hosts"))
+                _end_for_restart(state, elastic_files.RestartRequest("hosts"))
             state.on_reset()
 
     return wrapper
 
 
-def _recover(failure: RanksFailedError) -> None:
+def _recover(state) -> None:
     """Re-form the job on the survivors; or, where it is to restart instead, end it."""
     started = time.monotonic()
     old_size = runtime.size()
@@ -59,18 +56,20 @@ def _recover(failure: RanksFailedError) -> None:
             if settings.elastic_dir is not None:
                 elastic_files.add_lost_hosts(settings.elastic_dir, [host for _, host in lost])
         return
-    _end_for_restart(elastic_files.RestartRequest(
+    _end_for_restart(state, elastic_files.RestartRequest(
         "failure", failed_ranks=[rank for rank, _ in lost], failed_hosts=[host for _, host in lost]))
 
 
-def _end_for_restart(request: elastic_files.RestartRequest) -> None:
-    """End every rank, leaving the launcher `request`, so that it starts the job again."""
+def _end_for_restart(state, request: elastic_files.RestartRequest) -> None:
+    """End every rank, leaving the launcher `request` and the last commit of `state` on
+    disk, so that it starts the job again from there."""
     folder = runtime.current("elastic.run").settings.elastic_dir
     if folder is None:
         raise RuntimeError(
             f"hvdplus: the job must restart ({request.reason}), but it was not started by "
             "hvdplusrun's elastic mode (--min-np/--max-np/--host-discovery-script), which restarts it"
         )
+    state.write_checkpoint()
     if runtime.rank() == 0:
         elastic_files.write_restart(folder, request)
     runtime.shutdown()

@@ -62,9 +62,16 @@ class State:
         self._number = next(_state_numbers)
         self._synced_once = False
         self._generation = _launch_generation()
+        # Where rank 0 writes commits: the elastic launcher's folder, so that a job it
+        # restarts finds the last one; None keeps commits in memory only.
+        self.checkpoint_dir: Optional[str] = _elastic_dir()
+        # Where the ranks outlive a dead one, the survivors hold the last commit in memory
+        # and write it only when the job must restart (write_checkpoint); elsewhere every
+        # commit goes to disk, since a failure ends every rank.
+        self._every_commit_to_disk = not runtime.current("elastic state").settings.ulfm
 
     def _track(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
+        setattr(self, name, value)
         self._handlers[name] = self._handler_for(value)
 
     # -- Horovod's State API ------------------------------------------------------------
@@ -82,13 +89,18 @@ class State:
         """What a subclass must redo for the new job size (nothing by default)."""
 
     def commit(self) -> None:
-        """Save every value (and write them to disk under an elastic launcher); raise
-        HostsUpdatedInterrupt on every rank when the launcher has added slots."""
+        """Save every value (and, where a failure would end every rank, write them to
+        `checkpoint_dir`); raise HostsUpdatedInterrupt on every rank when the launcher has
+        added slots."""
         self.save()
-        folder = _elastic_dir()
-        if folder is not None and runtime.rank() == 0:
-            elastic_files.write_state(folder, self._number, self._snapshot())
+        if self._every_commit_to_disk:
+            self.write_checkpoint()
         self.check_host_updates()
+
+    def write_checkpoint(self) -> None:
+        """Write the last commit to `checkpoint_dir` (on rank 0; every rank may call it)."""
+        if self.checkpoint_dir is not None and runtime.rank() == 0:
+            elastic_files.write_state(self.checkpoint_dir, self._number, self._snapshot())
 
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt (on every rank alike) if the launcher announced
@@ -108,32 +120,40 @@ class State:
     def restore(self) -> None:
         """Bring every value back to its last commit."""
         for name, handler in self._handlers.items():
-            object.__setattr__(self, name, handler.restore(getattr(self, name)))
+            setattr(self, name, handler.restore(getattr(self, name)))
 
     def sync(self) -> None:
         """Make every rank's values rank 0's, and save them. The first sync of a job that
-        restarted first loads, on rank 0, the last commit written to disk."""
+        restarted first loads, on rank 0, the last commit written to disk, and then runs
+        the reset callbacks, as after any re-form."""
+        restarted = False
         if not self._synced_once:
             self._synced_once = True
-            self._load_from_disk()
+            restarted = collectives.broadcast_object(self._load_from_disk(), root_rank=0,
+                                                     name=f"elastic.restarted.{self._number}")
         for name, handler in self._handlers.items():
-            object.__setattr__(self, name, handler.sync(getattr(self, name), f"elastic.sync.{self._number}.{name}"))
+            setattr(self, name, handler.sync(getattr(self, name), f"elastic.sync.{self._number}.{name}"))
         self.save()
+        if restarted:
+            # The commit was made by a job of another size: what the reset callbacks
+            # adapt to the size (a learning rate, say) must be adapted again.
+            self.on_reset()
 
     # -- disk -----------------------------------------------------------------------
     def _snapshot(self) -> Dict[str, Any]:
         return {name: handler.snapshot() for name, handler in self._handlers.items()}
 
-    def _load_from_disk(self) -> None:
-        folder = _elastic_dir()
-        if folder is None or runtime.rank() != 0:
-            return
-        snapshot = elastic_files.read_state(folder, self._number)
+    def _load_from_disk(self) -> bool:
+        """On rank 0, take the last commit written to disk, if there is one; whether it did."""
+        if self.checkpoint_dir is None or runtime.rank() != 0:
+            return False
+        snapshot = elastic_files.read_state(self.checkpoint_dir, self._number)
         if snapshot is None:
-            return
+            return False
         for name, handler in self._handlers.items():
             if name in snapshot:
-                object.__setattr__(self, name, handler.load(getattr(self, name), snapshot[name]))
+                setattr(self, name, handler.load(getattr(self, name), snapshot[name]))
+        return True
 
 
 class ObjectState(State):

@@ -8,8 +8,8 @@ Importing it starts nothing: MPI starts in `init()`.
 from ..common.build_queries import *  # noqa: F401,F403 (Horovod's build queries)
 from ..common.build_queries import __all__ as _BUILD_QUERIES
 from ..common.errors import (
-    HostsUpdatedInterrupt, HvdplusError, NotInitializedError, RanksFailedError, ShutdownError, StalledError,
-    TensorMismatchError,
+    HorovodInternalError, HostsUpdatedInterrupt, HvdplusError, NotInitializedError, RanksFailedError, ShutdownError,
+    StalledError, TensorMismatchError,
 )
 from ..common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
 from .runtime import (
@@ -19,7 +19,7 @@ from .runtime import (
 
 __all__ = [
     "HvdplusError", "NotInitializedError", "TensorMismatchError", "ShutdownError", "StalledError",
-    "RanksFailedError", "HostsUpdatedInterrupt",
+    "RanksFailedError", "HorovodInternalError", "HostsUpdatedInterrupt",
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",

@@ -23,6 +23,7 @@ __all__ = [
     "DIALECTS",
     "dialect_for",
     "forwarded_env_names",
+    "guarded_command",
     "needs_oversubscribe",
     "local_core_count",
 ]
@@ -287,3 +288,28 @@ def local_core_count() -> int:
     else:
         cpus = range(os.cpu_count() or 1)
     return max(len({_core_of(cpu) for cpu in cpus}), 1)
+
+
+# Python's own options that take a value in the next argument.
+_PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X")
+EXIT_GUARD = "hvdplus.runner.exit_guard"
+
+
+def guarded_command(program: Sequence[str]) -> List[str]:
+    """`program` started through `exit_guard` when it runs a Python script or module
+    (`python [options] script.py ...` or `python [options] -m module ...`); else unchanged."""
+    program = list(program)
+    if not program or not os.path.basename(program[0]).startswith("python"):
+        return program
+    index = 1
+    while index < len(program):
+        arg = program[index]
+        if arg in _PYTHON_OPTIONS_WITH_VALUE:
+            index += 2
+        elif arg == "-m" or not arg.startswith("-"):
+            return program[:index] + ["-m", EXIT_GUARD] + program[index:]
+        elif arg.startswith("-c") or arg == "-":
+            return program
+        else:
+            index += 1
+    return program

@@ -129,6 +129,7 @@ class _Launches:
         self.generation = 0
         self.running = 0
         self.announced = 0
+        self.lost_at_launch = 0
         self._last_look = 0.0
 
     def available(self) -> List[Host]:
@@ -141,13 +142,19 @@ class _Launches:
         --elastic-timeout."""
         needed = self.options.min_np or 1
         deadline = time.monotonic() + self.options.elastic_timeout
+        problem = None
         while True:
-            hosts = self.available()
-            if total_slots(hosts) >= needed:
-                return hosts
+            try:
+                hosts = self.available()
+                if total_slots(hosts) >= needed:
+                    return hosts
+                problem = f"only {total_slots(hosts)} usable slots, fewer than --min-np {needed}"
+            except LaunchError as error:  # a discovery script that fails now may work later
+                if str(error) != problem:
+                    _say(str(error))
+                problem = str(error)
             if time.monotonic() >= deadline:
-                raise LaunchError(f"only {total_slots(hosts)} usable slots, fewer than --min-np {needed}, "
-                                  f"after waiting {self.options.elastic_timeout:.0f} s")
+                raise LaunchError(f"{problem}, after waiting {self.options.elastic_timeout:.0f} s")
             time.sleep(DISCOVERY_SECONDS)
 
     def tick(self) -> None:
@@ -162,11 +169,13 @@ class _Launches:
             _say(str(error))
             return
         limit = self.options.max_np or found
-        if self.running < min(found, limit) and found > self.announced:
+        # Ranks this launch lost in place no longer count as running.
+        running = self.running - (len(elastic_files.read_lost_hosts(self.folder)) - self.lost_at_launch)
+        if running < min(found, limit) and found > self.announced:
             self.generation += 1
             self.announced = found
             elastic_files.write_hosts(self.folder, self.generation, found)
-            _say(f"{found} slots available (the job has {self.running}); the ranks restart at their next commit")
+            _say(f"{found} slots available (the job has {running}); the ranks restart at their next commit")
 
 
 def run_elastic(options: ElasticOptions, discovery: HostDiscovery, start: Starter) -> int:
@@ -185,6 +194,7 @@ def run_elastic(options: ElasticOptions, discovery: HostDiscovery, start: Starte
                 count = min(count, options.num_proc)
             first = False
             launches.running = launches.announced = count
+            launches.lost_at_launch = len(elastic_files.read_lost_hosts(folder))
             env = {
                 "HVDPLUS_ELASTIC_DIR": folder,
                 elastic_files.GENERATION_ENV: str(launches.generation),

@@ -10,39 +10,16 @@ or finish, and mpirun never sees the error until then. Here a non-zero exit of a
 whose MPI is running skips those handlers (after flushing its output): the process ends
 with its status, and mpirun ends the job (or, in an elastic job, the others re-form it).
 
-`hvdplusrun` starts Python programs through this module; uncaught exceptions keep their
-usual path (hvdplus' excepthook aborts the job after printing the traceback).
+`hvdplusrun` starts Python programs through this module (command.guarded_command), which
+nothing else imports: `python -m` runs it fresh. Uncaught exceptions keep their usual path
+(hvdplus' excepthook aborts the job after printing the traceback).
 """
 
 import os
 import runpy
 import sys
 
-__all__ = ["guarded_command", "main"]
-
-# Python's own options that take a value in the next argument.
-_OPTIONS_WITH_VALUE = ("-W", "-X")
-
-
-def guarded_command(program):
-    """`program` started through this module, when it runs a Python script or module
-    (`python [options] script.py ...` or `python [options] -m module ...`); else unchanged."""
-    program = list(program)
-    if not program or not os.path.basename(program[0]).startswith("python"):
-        return program
-    index = 1
-    while index < len(program):
-        arg = program[index]
-        if arg in _OPTIONS_WITH_VALUE:
-            index += 2
-        elif arg == "-m" or not arg.startswith("-"):
-            return program[:index] + ["-m", __name__] + program[index:]
-        elif arg.startswith("-c") or arg == "-":
-            return program
-        else:
-            index += 1
-    return program
-
+__all__ = ["main"]
 
 def _mpi_is_running() -> bool:
     mpi = sys.modules.get("mpi4py.MPI")  # never imported here: only looked at if the rank did

@@ -18,10 +18,9 @@ from typing import List, Optional, Sequence
 
 from ..version import __version__
 from . import check_build
-from .command import Job, dialect_for, forwarded_env_names, local_core_count, needs_oversubscribe
+from .command import Job, dialect_for, forwarded_env_names, guarded_command, local_core_count, needs_oversubscribe
 from .elastic import ElasticOptions, HostDiscovery, run_elastic
 from .errors import LaunchError
-from .exit_guard import guarded_command
 from .hosts import Host, on_this_machine, parse_host_list, read_hostfile, total_slots
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
 from .rank_output import MARKER_PATTERN

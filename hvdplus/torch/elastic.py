@@ -108,7 +108,9 @@ class _StateDictHandler:
         self.save(value)
 
     def save(self, value):
-        self.saved = _copied(value.state_dict())
+        # Into the tensors of the last commit: allocating a model's worth of fresh memory
+        # at every commit costs more than the copy itself.
+        self.saved = _copied(value.state_dict(), getattr(self, "saved", None))
 
     def restore(self, value):
         # load_state_dict may keep the tensors it is given (optimizers do): hand it a copy.
@@ -149,10 +151,22 @@ def _handler_for(value: Any):
     return ObjectHandler(value)
 
 
-def _copied(state_dict):
-    """A copy that shares no tensor with `state_dict`."""
-    return copy.deepcopy({key: value.detach() if torch.is_tensor(value) else value
-                          for key, value in state_dict.items()})
+def _copied(value, into=None):
+    """A copy of `value` (dicts, lists and tuples of tensors and plain values, as state
+    dicts are) that shares no tensor with it. Tensors of `into`, an earlier copy, are
+    reused where they match in shape, dtype and device."""
+    if torch.is_tensor(value):
+        if (torch.is_tensor(into) and into.shape == value.shape and into.dtype == value.dtype
+                and into.device == value.device):
+            return into.copy_(value.detach())
+        return value.detach().clone()
+    if isinstance(value, dict):
+        into = into if isinstance(into, dict) else {}
+        return {key: _copied(item, into.get(key)) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        into = into if isinstance(into, (list, tuple)) and len(into) == len(value) else [None] * len(value)
+        return type(value)(_copied(item, old) for item, old in zip(value, into))
+    return copy.deepcopy(value)
 
 
 class TorchState(State):

@@ -75,6 +75,8 @@ def main():
                                          named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=11)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, log=[])
+    resets = []  # the job's size after each re-form this process saw
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
 
     original_save, original_sync = state.save, state.sync
 
@@ -117,7 +119,7 @@ def main():
     kills.maybe(len(state.log), "end")
     if hvd.rank() == 0:
         with open(args.out, "w") as file:
-            json.dump({"log": state.log, "size": hvd.size(),
+            json.dump({"log": state.log, "size": hvd.size(), "resets": resets,
                        "weight": model.weight.detach().numpy().tolist(),
                        "bias": model.bias.detach().numpy().tolist()}, file)
 
