@@ -105,3 +105,23 @@ def test_growing_restarts_on_the_new_slots_at_a_commit(mpi_job, tmp_path):
     sizes = replay.sizes(trained)
     assert sizes[0] == 2 and sizes[-1] == 3 and sizes == sorted(sizes), sizes
     assert "restarting the job on the new slots" in output
+
+
+def test_an_error_is_not_taken_for_a_failure(mpi_job, tmp_path):
+    # Under ULFM the ranks report deaths themselves: a launch that aborts on an uncaught
+    # exception ends the elastic job with its status, without restarting it.
+    script = tmp_path / "broken.py"
+    script.write_text(
+        "import hvdplus as hvd\n"
+        "hvd.init()\n"
+        "state = hvd.elastic.ObjectState(step=0)\n"
+        "@hvd.elastic.run\n"
+        "def train(state):\n"
+        "    if hvd.rank() == 1:\n"
+        "        raise KeyError('a bug in the training script')\n"
+        "    hvd.barrier()\n"
+        "train(state)\n")
+    result = mpi_job(2, [sys.executable, str(script)], launcher_args=["--min-np", "1"], timeout=60)
+    assert result.returncode != 0
+    assert "KeyError: 'a bug in the training script'" in result.stderr
+    assert "restart" not in result.stderr

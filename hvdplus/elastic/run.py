@@ -31,14 +31,24 @@ def run(func):
             try:
                 state.sync()
                 return func(state, *args, **kwargs)
-            except RanksFailedError:
-                state.restore()
-                _recover(state)
             except HostsUpdatedInterrupt:
                 _end_for_restart(state, elastic_files.RestartRequest("hosts"))
+            except Exception as error:
+                # A framework that runs the step as compiled code (a tf.function, a JAX
+                # callback) hands a RanksFailedError on wrapped in an error of its own: what
+                # tells a failure is the engine having seen a rank die.
+                if not (isinstance(error, RanksFailedError) or _peers_lost()):
+                    raise
+                state.restore()
+                _recover(state)
             state.on_reset()
 
     return wrapper
+
+
+def _peers_lost() -> bool:
+    """Whether the engine has seen a rank die since the job last (re-)formed."""
+    return runtime.is_initialized() and runtime.current("elastic.run").engine.peers_lost
 
 
 def _recover(state) -> None:

@@ -24,7 +24,10 @@ _state_numbers = itertools.count()
 
 
 class ObjectHandler:
-    """Keeps a deep copy of a picklable value; sync broadcasts it from rank 0."""
+    """Keeps a deep copy of a picklable value; sync broadcasts it from rank 0.
+
+    A handler of another kind of value subclasses it, overriding `save`, `restore` and
+    `sync` and keeping its copy in `saved`."""
 
     def __init__(self, value: Any):
         self.saved = copy.deepcopy(value)
@@ -43,9 +46,10 @@ class ObjectHandler:
         return self.saved
 
     def load(self, value: Any, snapshot: Any) -> Any:
-        """Take `snapshot` (read from disk) as the saved copy, and return it as the value."""
+        """Take `snapshot` (read from disk) as the saved copy, and restore `value` to it.
+        Handlers of other kinds of values inherit this, and `snapshot`, as they are."""
         self.saved = snapshot
-        return copy.deepcopy(snapshot)
+        return self.restore(value)
 
 
 class State:

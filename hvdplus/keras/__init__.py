@@ -12,7 +12,7 @@ import keras
 
 from ..engine import runtime as _runtime
 from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
-from . import callbacks
+from . import callbacks, elastic
 from .compression import Compression
 from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcast_object, reducescatter
 from .optimizer import DistributedOptimizer, distributed_class

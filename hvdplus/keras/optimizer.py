@@ -7,6 +7,8 @@ optimizer class that keeps its name and configuration, so `model.save` writes th
 optimizer and `hvdplus.keras.load_model` wraps it again.
 """
 
+import weakref
+
 from ..common.reduce_ops import Average
 from ..common.scaling import Reduction, gradient_reduction
 from ..engine import runtime
@@ -27,12 +29,23 @@ class _DistributedOptimizer:
     def _hvdplus_configure(self, op, backward_passes_per_step, average_aggregated_gradients,
                            gradient_predivide_factor, compression=None):
         self._hvdplus_compression = compression or Compression.none
-        reduction = gradient_reduction(op, gradient_predivide_factor, runtime.size())
+        self._hvdplus_options = (op, gradient_predivide_factor, backward_passes_per_step, average_aggregated_gradients)
         if backward_passes_per_step > 1:
-            # Keras' own accumulation averages the passes; Horovod's default sums them.
             self.gradient_accumulation_steps = backward_passes_per_step
-            if not average_aggregated_gradients:
-                reduction = reduction._replace(postscale=reduction.postscale * backward_passes_per_step)
+        self._hvdplus_scale_to_size()
+        if "_hvdplus_detach_from_reforms" not in vars(self):
+            # A job that re-forms (hvdplus.elastic) has a new size, which the scale follows.
+            this = weakref.ref(self)
+            self._hvdplus_detach_from_reforms = runtime.on_reform(
+                lambda: this() is not None and this()._hvdplus_scale_to_size())
+
+    def _hvdplus_scale_to_size(self):
+        """The reduction for the job's size (gradient_predivide_factor divides by it)."""
+        op, gradient_predivide_factor, backward_passes_per_step, average_aggregated_gradients = self._hvdplus_options
+        reduction = gradient_reduction(op, gradient_predivide_factor, runtime.size())
+        if backward_passes_per_step > 1 and not average_aggregated_gradients:
+            # Keras' own accumulation averages the passes; Horovod's default sums them.
+            reduction = reduction._replace(postscale=reduction.postscale * backward_passes_per_step)
         self._hvdplus_reduction = reduction
 
     def apply(self, grads, trainable_variables=None):

@@ -6,8 +6,8 @@ hvdplus.common.elastic_files) across launches of mpirun, and:
 - starts each launch with Open MPI's failure mitigation on, so that the ranks outlive a
   dead one and re-form the job in place (hvdplus.elastic.run);
 - starts the job again when a launch ends asking for it (ranks died and in-place recovery
-  is off or left too few ranks; or slots were added), or ends with an error (where MPI
-  cannot outlive a rank), at most `--max-restarts` times;
+  is off or left too few ranks; or slots were added), or, where MPI cannot outlive a rank,
+  ends with an error; after failures, at most `--max-restarts` times;
 - runs the discovery script every `DISCOVERY_SECONDS` while a launch runs, and tells the
   ranks when it finds more slots than the job has, so they restart at their next commit;
 - counts the slots of ranks that died as gone: a failed remote host is left out for the
@@ -47,6 +47,10 @@ class ElasticOptions:
     max_restarts: int = 3
     elastic_timeout: float = 600.0
     in_place: bool = True
+    # Whether MPI lets the ranks outlive a dead one: then they report every death
+    # themselves, and a launch that fails without asking for a restart failed for
+    # another reason (an error in the program), which a restart would only repeat.
+    outlives_failures: bool = True
 
 
 class HostDiscovery:
@@ -204,7 +208,7 @@ def run_elastic(options: ElasticOptions, discovery: HostDiscovery, start: Starte
             status = start(_first_slots(hosts, count), count, env, launches.tick)
             request = elastic_files.take_restart(folder)
             if request is None:
-                if status == 0 or restarts >= options.max_restarts:
+                if status == 0 or options.outlives_failures or restarts >= options.max_restarts:
                     return status
                 restarts += 1
                 _say(f"the job failed (exit {status}); restart {restarts} of at most {options.max_restarts}")

@@ -96,6 +96,12 @@ def _hosts(args: argparse.Namespace) -> List[Host]:
     return []
 
 
+def _mpi():
+    """The mpirun to use, and how to spell a job for it."""
+    mpirun = find_mpirun(default_search_dirs(), os.environ.get(MPIRUN_ENV))
+    return mpirun, dialect_for(identify_mpi(mpirun))
+
+
 def _is_elastic(args: argparse.Namespace) -> bool:
     return bool(args.min_np or args.max_np or args.host_discovery_script)
 
@@ -121,6 +127,7 @@ def _launch_elastic(args: argparse.Namespace, hosts: List[Host]) -> int:
         num_proc=args.num_proc, min_np=args.min_np, max_np=args.max_np,
         discovery_script=args.host_discovery_script, max_restarts=args.max_restarts,
         elastic_timeout=args.elastic_timeout, in_place=args.in_place,
+        outlives_failures=bool(_mpi()[1].fault_tolerance()),
     )
 
     def start(job_hosts, num_proc, env, tick):
@@ -133,8 +140,7 @@ def _launch_elastic(args: argparse.Namespace, hosts: List[Host]) -> int:
 def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_env=None,
              fault_tolerant: bool = False, on_tick=None, hostfile_given: bool = True) -> int:
     """Run one mpirun of `num_proc` ranks on `hosts` to its end; return its exit status."""
-    mpirun = find_mpirun(default_search_dirs(), os.environ.get(MPIRUN_ENV))
-    dialect = dialect_for(identify_mpi(mpirun))
+    mpirun, dialect = _mpi()
     env = dict(os.environ, **tuning_environment(args), **(extra_env or {}))
     cores = local_core_count()
     usable = usable_cores(cores)

@@ -7,6 +7,7 @@
 """
 
 from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
+from . import elastic
 from .compression import Compression
 from .cross_device_ops import CrossDeviceOps
 from .functions import allgather_object, broadcast_object, broadcast_variables

@@ -99,7 +99,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         return len(self.indices)
 
 
-class _StateDictHandler:
+class _StateDictHandler(ObjectHandler):
     """Keeps a copy of a value's `state_dict()` (a model, an optimizer, a sampler); `sync`
     is how rank 0's value reaches the others."""
 
@@ -120,13 +120,6 @@ class _StateDictHandler:
     def sync(self, value, name):
         self._sync(value, name)
         return value
-
-    def snapshot(self):
-        return self.saved
-
-    def load(self, value, snapshot):
-        self.saved = snapshot
-        return self.restore(value)
 
 
 def _sync_model(model, name):

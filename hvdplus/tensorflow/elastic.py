@@ -1,0 +1,77 @@
+"""Elastic training with TensorFlow: `hvd.elastic.TensorFlowState` for tf.Variables, and
+`hvd.elastic.TensorFlowKerasState` for a Keras model and its optimizer.
+
+    state = hvd.elastic.TensorFlowState(model.variables + optimizer.variables, batch=0, epoch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            for state.batch in range(state.batch, batches):
+                train_step(...)                  # a tf.function, with DistributedGradientTape
+                if state.batch % 10 == 0:
+                    state.commit()
+            state.batch = 0
+
+Variables roll back as numpy copies and sync by broadcasting rank 0's values. Since
+TensorFlow 2.16 a Keras model is a Keras 3 one, whose state `hvdplus.keras.elastic.KerasState`
+keeps: TensorFlowKerasState is that class, looked up by name when a script asks for it, so
+that `import hvdplus.tensorflow` loads no Keras (which sits above this package).
+"""
+
+import importlib
+
+import tensorflow as tf
+
+from ..elastic import HostsUpdatedInterrupt, ObjectHandler, ObjectState, RanksFailedError, State, run
+from .functions import broadcast_variables
+
+__all__ = ["TensorFlowState", "TensorFlowKerasState", "run", "ObjectState", "State", "HostsUpdatedInterrupt",
+           "RanksFailedError"]
+
+
+class _VariablesHandler(ObjectHandler):
+    """Keeps numpy copies of a list of tf.Variables; sync assigns rank 0's values."""
+
+    def __init__(self, variables):
+        self.save(variables)
+
+    def save(self, variables):
+        self.saved = [variable.numpy() for variable in variables]  # .numpy() copies a variable
+
+    def restore(self, variables):
+        for variable, value in zip(variables, self.saved):
+            variable.assign(value)
+        return variables
+
+    def sync(self, variables, name):
+        broadcast_variables(variables, root_rank=0)
+        return variables
+
+
+def _handler_for(value):
+    if isinstance(value, (list, tuple)) and value and all(_is_variable(v) for v in value):
+        return _VariablesHandler(value)
+    return ObjectHandler(value)
+
+
+def _is_variable(value) -> bool:
+    # Keras 3 variables are no tf.Variable, but read and assign alike.
+    return isinstance(value, tf.Variable) or (hasattr(value, "assign") and hasattr(value, "numpy"))
+
+
+class TensorFlowState(State):
+    """tf.Variables (`state.variables`) and any other values, as attributes (`state.epoch`),
+    that roll back together; a value that is a list of variables is kept as variables too.
+    Call it eagerly."""
+
+    def __init__(self, variables=None, **values):
+        super().__init__(handler_for=_handler_for)
+        self._track("variables", list(variables or []))
+        for name, value in values.items():
+            self._track(name, value)
+
+
+def __getattr__(name):
+    if name == "TensorFlowKerasState":
+        return importlib.import_module("hvdplus.keras.elastic").KerasState
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
