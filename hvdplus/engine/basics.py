@@ -12,8 +12,9 @@ from ..common.errors import (
     StalledError, TensorMismatchError,
 )
 from ..common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
+from .process_sets import ProcessSet, add_process_set, global_process_set, init, remove_process_set
 from .runtime import (
-    cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    cross_rank, cross_size, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, rank, shutdown, size, start_timeline, stop_timeline,
 )
 
@@ -22,6 +23,7 @@ __all__ = [
     "RanksFailedError", "HorovodInternalError", "HostsUpdatedInterrupt",
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "start_timeline", "stop_timeline", *_BUILD_QUERIES,
 ]

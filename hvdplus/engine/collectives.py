@@ -12,9 +12,10 @@ from typing import Callable, Optional, Tuple
 
 from ..common.dtypes import dtype_name
 from ..common.reduce_ops import ReduceOp
-from . import arguments, runtime
+from . import arguments
 from .groups import grouped_request
 from .handles import Handle
+from .process_sets import set_runtime
 from .protocol import Agreement, Collective, Request
 from .requests import input_error
 
@@ -26,35 +27,37 @@ __all__ = [
 ]
 
 
-def _submit(kind: Collective, name: Optional[str], plan: Callable[[str], Tuple[Request, object]]):
-    """Describe the call with `plan(name)` and hand it to the engine.
+def _submit(kind: Collective, name: Optional[str], plan: Callable[[str, object], Tuple[Request, object]],
+            process_set=None):
+    """Describe the call with `plan(name, runtime)` and hand it to the engine of
+    `process_set` (None: the whole job).
 
     An argument error is not raised here: it is submitted, so that every rank raises it."""
-    live = runtime.current(f"{kind}()")
+    live = set_runtime(process_set, f"{kind}()")
     name = live.name_for(kind, name)  # a Collective is its text: "allreduce.7"
     try:
-        request, payload = plan(name)
+        request, payload = plan(name, live)
     except (TypeError, ValueError) as exc:
         request, payload = input_error(kind, name, exc), None
     return live.engine.submit(request, payload)
 
 
-def input_error_async(kind: str, name: Optional[str], error: Exception):
+def input_error_async(kind: str, name: Optional[str], error: Exception, process_set=None):
     """Submit an argument error an adapter found in a call of collective `kind` ("allreduce",
     ...), so that every rank raises it at synchronize (raising it on this rank alone would
     leave the others waiting for this rank's tensor)."""
 
-    def plan(name):
+    def plan(name, live):
         raise error
 
-    return _submit(Collective(kind), name, plan)
+    return _submit(Collective(kind), name, plan, process_set)
 
 
-def grouped_input_error_async(name: Optional[str], error: Exception):
+def grouped_input_error_async(name: Optional[str], error: Exception, process_set=None):
     """input_error_async for a grouped all-reduce: the error is submitted under the group's
     name, which is what the other ranks submit (see groups.py)."""
-    live = runtime.current("grouped_allreduce()")
-    return input_error_async("allreduce", live.name_for("grouped_allreduce", name), error)
+    live = set_runtime(process_set, "grouped_allreduce()")
+    return input_error_async("allreduce", live.name_for("grouped_allreduce", name), error, process_set)
 
 
 # Module constants: an enum member looked up on its class costs more than a global name, on
@@ -72,7 +75,7 @@ def _reduction_agreement(dtype: str, shape: tuple, op, prescale: float, postscal
 
 
 def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, output=None):
-    def plan(name):
+    def plan(name, live):
         what = f"{kind} '{name}'"
         data = arguments.as_array(array, what)
         if output is not None:
@@ -87,7 +90,7 @@ def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, output=N
 
 
 def _allgather_plan(array):
-    def plan(name):
+    def plan(name, live):
         data = arguments.as_array(array, f"allgather '{name}'")
         arguments.check_has_rows(data, f"allgather '{name}'")
         agree = Agreement(dtype=dtype_name(data.dtype), trailing_shape=data.shape[1:])
@@ -97,30 +100,38 @@ def _allgather_plan(array):
 
 
 def _broadcast_plan(array, root_rank):
-    def plan(name):
+    def plan(name, live):
         what = f"broadcast '{name}'"
         data = arguments.as_array(array, what)
-        root = arguments.check_root_rank(root_rank, runtime.size(), what)
+        root = _set_root(root_rank, live, what)
         agree = Agreement(root_rank=root, dtype=dtype_name(data.dtype), shape=data.shape)
         return Request(Collective.BROADCAST, name, agree), data
 
     return plan
 
 
+def _set_root(root_rank, live, what: str) -> int:
+    """The root's rank within `live` (a process set's runtime, or the job's): `root_rank`
+    is a job rank, as in Horovod, and must belong to the set."""
+    if live.is_job:
+        return arguments.check_root_rank(root_rank, live.topology.size, what)
+    return live.set_rank_of(arguments.check_root_rank(root_rank, max(live.ranks) + 1, what), what)
+
+
 def _alltoall_plan(array, splits):
-    def plan(name):
+    def plan(name, live):
         what = f"alltoall '{name}'"
         data = arguments.as_array(array, what)
         arguments.check_has_rows(data, what)
-        send = arguments.alltoall_splits(data, splits, runtime.size(), what)
+        send = arguments.alltoall_splits(data, splits, live.topology.size, what)
         agree = Agreement(dtype=dtype_name(data.dtype), trailing_shape=data.shape[1:])
         return Request(Collective.ALLTOALL, name, agree, splits=tuple(send)), data
 
     return plan
 
 
-def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outputs=None):
-    live = runtime.current("grouped_allreduce()")
+def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outputs=None, process_set=None):
+    live = set_runtime(process_set, "grouped_allreduce()")
     arrays = list(arrays)
     outputs = list(outputs) if outputs is not None else [None] * len(arrays)
     group = live.name_for("grouped_allreduce", name)
@@ -138,7 +149,7 @@ def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outp
 
 
 def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
-                    output=None):
+                    output=None, process_set=None):
     """Start an elementwise reduction of `array` over all ranks; returns a handle.
 
     Average divides the sum by size(); half types are reduced in float32. With `output`
@@ -146,38 +157,40 @@ def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, 
     the result is written there, and the handle's result is `output`.
     """
     plan = _reduction_plan(_ALLREDUCE, array, op, prescale_factor, postscale_factor, output=output)
-    return _submit(_ALLREDUCE, name, plan)
+    return _submit(_ALLREDUCE, name, plan, process_set)
 
 
 def grouped_allreduce_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
-                            outputs=None):
+                            outputs=None, process_set=None):
     """Start all-reduces of `arrays` that run together, fused; the handle's result is a list.
     `outputs`, when given, holds one output array (as in allreduce_async) per array."""
-    return _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outputs)
+    return _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outputs, process_set)
 
 
-def reducescatter_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
+                        process_set=None):
     """Start a reduction of `array` of which rank r keeps block r of the rows (the first
     `dim0 % size` ranks get one row more)."""
     return _submit(Collective.REDUCESCATTER, name,
-                   _reduction_plan(Collective.REDUCESCATTER, array, op, prescale_factor, postscale_factor))
+                   _reduction_plan(Collective.REDUCESCATTER, array, op, prescale_factor, postscale_factor),
+                   process_set)
 
 
-def allgather_async(array, name=None):
+def allgather_async(array, name=None, process_set=None):
     """Start concatenating every rank's `array` along the first dimension (which may differ)."""
-    return _submit(Collective.ALLGATHER, name, _allgather_plan(array))
+    return _submit(Collective.ALLGATHER, name, _allgather_plan(array), process_set)
 
 
-def broadcast_async(array, root_rank=0, name=None):
+def broadcast_async(array, root_rank=0, name=None, process_set=None):
     """Start giving every rank `root_rank`'s `array` (the others' give shape and dtype)."""
-    return _submit(Collective.BROADCAST, name, _broadcast_plan(array, root_rank))
+    return _submit(Collective.BROADCAST, name, _broadcast_plan(array, root_rank), process_set)
 
 
-def alltoall_async(array, splits=None, name=None):
+def alltoall_async(array, splits=None, name=None, process_set=None):
     """Start sending rows `splits[r]` of `array` to rank r (even split when None).
 
     The result is (received rows in rank order, rows received from each rank)."""
-    return _submit(Collective.ALLTOALL, name, _alltoall_plan(array, splits))
+    return _submit(Collective.ALLTOALL, name, _alltoall_plan(array, splits), process_set)
 
 
 def poll(handle) -> bool:
@@ -192,64 +205,69 @@ def synchronize(handle):
     return handle.wait()
 
 
-def allreduce(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
-    """Elementwise reduction of `array` over all ranks; every rank gets the result."""
+def allreduce(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None,
+              process_set=None):
+    """Elementwise reduction of `array` over all ranks (of `process_set`); every rank gets the result."""
     plan = _reduction_plan(_ALLREDUCE, array, op, prescale_factor, postscale_factor)
-    return _submit(_ALLREDUCE, name, plan).wait()
+    return _submit(_ALLREDUCE, name, plan, process_set).wait()
 
 
-def grouped_allreduce(arrays, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
+def grouped_allreduce(arrays, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None,
+                      process_set=None):
     """All-reduce every array of `arrays` in one fused, atomic group; returns a list."""
-    return _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor).wait()
+    return _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, None, process_set).wait()
 
 
-def reducescatter(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None):
+def reducescatter(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None,
+                  process_set=None):
     """Reduce `array` over all ranks; rank r keeps block r of the rows."""
     plan = _reduction_plan(Collective.REDUCESCATTER, array, op, prescale_factor, postscale_factor)
-    return _submit(Collective.REDUCESCATTER, name, plan).wait()
+    return _submit(Collective.REDUCESCATTER, name, plan, process_set).wait()
 
 
-def allgather(array, name=None):
+def allgather(array, name=None, process_set=None):
     """Concatenate every rank's `array` along the first dimension, which may differ per rank."""
-    return _submit(Collective.ALLGATHER, name, _allgather_plan(array)).wait()
+    return _submit(Collective.ALLGATHER, name, _allgather_plan(array), process_set).wait()
 
 
-def broadcast(array, root_rank=0, name=None):
-    """Every rank gets `root_rank`'s `array`."""
-    return _submit(Collective.BROADCAST, name, _broadcast_plan(array, root_rank)).wait()
+def broadcast(array, root_rank=0, name=None, process_set=None):
+    """Every rank gets `root_rank`'s `array` (a job rank, also on a process set)."""
+    return _submit(Collective.BROADCAST, name, _broadcast_plan(array, root_rank), process_set).wait()
 
 
-def alltoall(array, splits=None, name=None):
+def alltoall(array, splits=None, name=None, process_set=None):
     """Rows `splits[r]` of `array` go to rank r; returns (received rows, rows from each rank)."""
-    return _submit(Collective.ALLTOALL, name, _alltoall_plan(array, splits)).wait()
+    return _submit(Collective.ALLTOALL, name, _alltoall_plan(array, splits), process_set).wait()
 
 
-def barrier(name=None):
-    """Return once every rank has called barrier()."""
-    _submit(Collective.BARRIER, name, lambda name: (Request(Collective.BARRIER, name), None)).wait()
+def barrier(name=None, process_set=None):
+    """Return once every rank (of `process_set`) has called barrier()."""
+    _submit(Collective.BARRIER, name, lambda name, live: (Request(Collective.BARRIER, name), None), process_set).wait()
 
 
-def broadcast_object(obj=None, root_rank=0, name=None):
+def broadcast_object(obj=None, root_rank=0, name=None, process_set=None):
     """`root_rank`'s picklable `obj`, on every rank."""
 
-    def plan(name):
-        root = arguments.check_root_rank(root_rank, runtime.size(), f"broadcast_object '{name}'")
+    def plan(name, live):
+        root = _set_root(root_rank, live, f"broadcast_object '{name}'")
         return Request(Collective.BROADCAST_OBJECT, name, Agreement(root_rank=root)), obj
 
-    return _submit(Collective.BROADCAST_OBJECT, name, plan).wait()
+    return _submit(Collective.BROADCAST_OBJECT, name, plan, process_set).wait()
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, name=None, process_set=None):
     """The list of every rank's picklable `obj`, in rank order."""
-    return _submit(Collective.ALLGATHER_OBJECT, name, lambda name: (Request(Collective.ALLGATHER_OBJECT, name), obj)).wait()
+    return _submit(Collective.ALLGATHER_OBJECT, name,
+                   lambda name, live: (Request(Collective.ALLGATHER_OBJECT, name), obj), process_set).wait()
 
 
-def join() -> int:
+def join(process_set=None) -> int:
     """Declare that this rank has no more data; returns once every rank has joined.
 
     Until then this rank takes part in the other ranks' collectives with zeros (all-reduce,
     reducescatter) or no rows (allgather), so they complete. Average still divides by
     size(), joined ranks included. Returns the rank that joined last.
     """
-    live = runtime.current("join()")
-    return live.engine.submit(Request(Collective.JOIN, "__join__"), None).wait()
+    live = set_runtime(process_set, "join()")
+    joined_last = live.engine.submit(Request(Collective.JOIN, "__join__"), None).wait()
+    return live.ranks[joined_last]

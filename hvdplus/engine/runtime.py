@@ -23,14 +23,30 @@ __all__ = [
 
 
 class Runtime:
-    """Everything `init()` sets up; lives until `shutdown()`."""
+    """Everything `init()` sets up, for the job or for one process set of it; lives until
+    `shutdown()`.
 
-    def __init__(self, topology, settings: Settings):
+    Args:
+        topology: the communicators; the Runtime owns them.
+        settings: the job's settings.
+        ranks: the job ranks this runtime spans, in its own rank order (None: the job's).
+    """
+
+    def __init__(self, topology, settings: Settings, ranks: Optional[List[int]] = None):
         from ..comm.algorithms import CollectiveAlgorithms
         from .engine import Engine
 
         self.topology = topology
         self.settings = settings
+        self.ranks = list(range(topology.size)) if ranks is None else list(ranks)
+        # Process sets (see process_sets.py) are made and removed on this communicator,
+        # never on the engine's, whose collectives run on the engine thread.
+        self.admin_comm = topology.comm.Dup() if ranks is None else None
+        # Point-to-point messages (p2p.py) between job ranks, away from the collectives.
+        self.p2p_comm = topology.comm.Dup() if ranks is None else None
+        self.process_sets: dict = {}  # process set id -> the Runtime of a set this rank is in
+        self.process_set_ranks: dict = {0: self.ranks}  # every added set's ranks, by id
+        self._next_process_set_id = 1
         self.algorithms = CollectiveAlgorithms(topology, settings.allreduce_algorithm,
                                                single_copy=settings.single_copy)
         # Where each rank runs, to tell the launcher which hosts lost a rank.
@@ -39,12 +55,69 @@ class Runtime:
         self.engine = Engine(topology.comm, settings, self.algorithms, overlap=overlap, revoke_all=self.revoke)
         self._name_counters = {}
 
+    @property
+    def is_job(self) -> bool:
+        """Whether this runtime spans the whole job (rather than a process set of it)."""
+        return self.admin_comm is not None
+
+    @property
+    def process_set_ids(self):
+        return self.process_set_ranks.keys()
+
+    def set_rank_of(self, job_rank: int, what: str) -> int:
+        """This runtime's rank of job rank `job_rank`; ValueError if it is not one of ours."""
+        if job_rank not in self.ranks:
+            raise ValueError(f"{what}: rank {job_rank} is not in the process set {self.ranks}")
+        return self.ranks.index(job_rank)
+
+    def register_process_set(self, ranks: List[int]) -> int:
+        """Make a process set of job ranks `ranks` (collective on the job); returns its id."""
+        from mpi4py import MPI
+
+        from ..comm.topology import build_topology
+
+        set_id = self._next_process_set_id
+        self._next_process_set_id += 1
+        member = self.topology.rank in ranks
+        comm = self.admin_comm.Split(color=0 if member else MPI.UNDEFINED, key=self.topology.rank)
+        if member:
+            self.process_sets[set_id] = Runtime(build_topology(comm, self.settings), self.settings, ranks=ranks)
+        self.process_set_ranks[set_id] = list(ranks)
+        return set_id
+
+    def unregister_process_set(self, set_id: int) -> None:
+        """Remove process set `set_id` (collective on the job): its members stop its engine."""
+        member = self.process_sets.pop(set_id, None)
+        del self.process_set_ranks[set_id]
+        if member is not None:
+            member.close()
+
+    def close(self) -> None:
+        """Stop the engine and free the communicators, process sets first."""
+        for set_id in list(self.process_sets):
+            self.process_sets.pop(set_id).close()
+        self.engine.stop()
+        if not self.engine.peers_lost:
+            self.algorithms.free()
+            if self.admin_comm is not None:
+                self.admin_comm.Free()
+                self.p2p_comm.Free()
+            self.topology.free()
+
+    def abandon(self) -> None:
+        """After a peer died: revoke and leave everything, process sets included."""
+        for member in self.process_sets.values():
+            member.revoke()
+            member.engine.abandon()
+        self.revoke()
+        self.engine.abandon()
+
     def revoke(self) -> None:
         """Revoke every communicator this runtime uses (a peer died; see comm.failures)."""
         from ..comm.failures import revoke
 
         topology = self.topology
-        revoke([self.engine.control_comm if hasattr(self, "engine") else None,
+        revoke([self.engine.control_comm if hasattr(self, "engine") else None, self.admin_comm, self.p2p_comm,
                 topology.local_comm, topology.cross_comm, topology.comm])
 
     def name_for(self, kind: str, name: Optional[str]) -> str:
@@ -152,10 +225,7 @@ def shutdown() -> None:
     runtime, _runtime = _runtime, None
     if _previous_excepthook is not None:
         sys.excepthook, _previous_excepthook = _previous_excepthook, None
-    runtime.engine.stop()
-    if not runtime.engine.peers_lost:
-        runtime.algorithms.free()
-        runtime.topology.free()
+    runtime.close()
 
 
 def reform() -> List[Tuple[int, str]]:
@@ -172,8 +242,7 @@ def reform() -> List[Tuple[int, str]]:
     from ..comm.topology import build_topology
 
     old = current("reform()")
-    old.revoke()
-    old.engine.abandon()
+    old.abandon()
     _runtime = None
     comm = old.topology.comm
     while _runtime is None:

@@ -10,6 +10,7 @@ jax backends.
 
 import keras
 
+from ..engine import process_sets as _process_sets
 from ..engine import runtime as _runtime
 from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
 from . import callbacks, elastic
@@ -18,11 +19,11 @@ from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcas
 from .optimizer import DistributedOptimizer, distributed_class
 
 
-def init(comm=None, quiet_other_ranks=True):
+def init(comm=None, process_sets=None, quiet_other_ranks=True):
     """Start hvdplus (see hvdplus.init). With `quiet_other_ranks`, Keras' progress bars and
     logs are switched off on every rank but 0, so `model.fit(verbose=1)` prints once; the
     explicit idiom `verbose=1 if hvd.rank() == 0 else 0` works too."""
-    _runtime.init(comm)
+    _process_sets.init(comm, process_sets)
     if quiet_other_ranks and _runtime.is_initialized() and _runtime.rank() != 0:
         keras.utils.disable_interactive_logging()
 

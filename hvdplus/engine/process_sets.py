@@ -1,0 +1,171 @@
+"""Process sets: subsets of the job's ranks whose collectives run on their own.
+
+    evens = hvd.add_process_set([0, 2])          # every rank calls it, in the same order
+    if evens.included():
+        hvd.allreduce(x, process_set=evens)      # averaged over ranks 0 and 2
+
+Each set has an engine, a topology and algorithms of its own (a Runtime over a
+communicator of its ranks), so collectives on disjoint sets run independently: a stall
+in one set never holds up another, and names are scoped per set. Ranks are the job's
+(global) ranks everywhere, as in Horovod: `root_rank` of a broadcast on a set is a job
+rank, which must belong to the set. Sets are made and removed collectively, over every
+rank of the job; ranks that disagree about a set's ranks get a ValueError, all of them.
+"""
+
+import numbers
+from typing import List, Optional, Sequence, Union
+
+from . import runtime
+
+__all__ = ["ProcessSet", "global_process_set", "init", "add_process_set", "remove_process_set", "set_runtime"]
+
+
+class ProcessSet:
+    """A set of the job's ranks. Until it is added (`add_process_set`, or `init(process_sets=
+    [...])`), it is only a description; `process_set_id` is None then.
+
+    Args:
+        ranks: the job ranks of the set (any order; duplicates are an error), or an mpi4py
+            communicator whose processes are the set.
+    """
+
+    def __init__(self, ranks: Union[Sequence[int], "object"]):
+        self.process_set_id: Optional[int] = None
+        self.ranks: Optional[List[int]] = None if ranks is None else _ranks_of(ranks)
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+    def __eq__(self, other):
+        return isinstance(other, ProcessSet) and self.ranks == other.ranks
+
+    def __hash__(self):
+        return hash(tuple(self.ranks or ()))
+
+    def size(self) -> int:
+        """Number of ranks in the set."""
+        return len(self._added("size()").ranks)
+
+    def rank(self) -> int:
+        """This process' rank within the set (its index in `ranks`), or -1 if not included."""
+        ranks = self._added("rank()").ranks
+        me = runtime.rank()
+        return ranks.index(me) if me in ranks else -1
+
+    def included(self) -> bool:
+        """Whether this process belongs to the set."""
+        return runtime.rank() in self._added("included()").ranks
+
+    def _added(self, what: str) -> "ProcessSet":
+        if self.process_set_id is None:
+            raise ValueError(f"process set {self.ranks}: {what} needs the set added first "
+                             "(hvd.add_process_set, or hvd.init(process_sets=[...]))")
+        return self
+
+
+def _ranks_of(ranks) -> List[int]:
+    if hasattr(ranks, "Get_group"):  # an mpi4py communicator: its processes, as job ranks
+        return _communicator_ranks(ranks)
+    ranks = list(ranks)
+    bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, numbers.Integral) or r < 0]
+    if bad or len(set(ranks)) != len(ranks) or not ranks:
+        raise ValueError(f"ProcessSet({ranks!r}): expected distinct, non-negative job ranks")
+    return sorted(int(r) for r in ranks)
+
+
+def _communicator_ranks(comm) -> List[int]:
+    from mpi4py import MPI
+
+    job = runtime.current("ProcessSet(communicator)").topology.comm
+    group, job_group = comm.Get_group(), job.Get_group()
+    try:
+        return sorted(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group))
+    finally:
+        group.Free()
+        job_group.Free()
+
+
+global_process_set = ProcessSet(None)
+global_process_set.process_set_id = 0
+
+
+def init(comm=None, process_sets: Union[None, str, Sequence[ProcessSet]] = None) -> None:
+    """Start hvdplus (see runtime.init), then add `process_sets` (a list of ProcessSets or
+    rank lists, the same on every rank; "dynamic", Horovod's switch for adding sets later,
+    is accepted: sets can always be added later here)."""
+    first = not runtime.is_initialized()
+    runtime.init(comm)
+    if not runtime.is_initialized():
+        return
+    global_process_set.ranks = list(runtime.current("init()").ranks)
+    if first:
+        runtime.on_reform(_after_reform)
+    if process_sets is None or isinstance(process_sets, str):
+        if isinstance(process_sets, str) and process_sets != "dynamic":
+            raise ValueError(f"init(process_sets={process_sets!r}): expected a list of process sets or 'dynamic'")
+        return
+    for process_set in process_sets:
+        add_process_set(process_set)
+
+
+def _after_reform() -> None:
+    """A re-formed job (hvdplus.elastic) has new ranks and no process sets yet."""
+    global_process_set.ranks = list(runtime.current("reform()").ranks)
+
+
+def set_runtime(process_set: Optional[ProcessSet], what: str) -> "runtime.Runtime":
+    """The Runtime that runs `process_set`'s collectives on this rank (the job's own for the
+    global set or None); ValueError if this rank is not in the set."""
+    live = runtime.current(what)
+    if process_set is None or process_set.process_set_id == 0:
+        return live
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"{what}: process_set must be an hvdplus ProcessSet, got {type(process_set).__name__}")
+    if process_set.process_set_id is None:
+        raise ValueError(f"{what}: process set {process_set.ranks} has not been added (hvd.add_process_set)")
+    member = live.process_sets.get(process_set.process_set_id)
+    if member is None:
+        if process_set.process_set_id not in live.process_set_ids:
+            raise ValueError(f"{what}: process set {process_set.process_set_id} was removed")
+        raise ValueError(f"{what} on process set {process_set.ranks}, which does not include rank "
+                         f"{live.topology.rank}")
+    return member
+
+
+def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
+    """Add a set (collective over every rank of the job, in the same order everywhere);
+    returns it, with its `process_set_id`. ValueError on every rank when the ranks passed
+    differ between ranks, or a set of the same ranks exists."""
+    live = runtime.current("add_process_set()")
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    ranks = process_set.ranks
+    everyone = live.admin_comm.allgather(ranks)
+    if any(other != ranks for other in everyone):
+        differing = "; ".join(f"rank {r} passed {other}" for r, other in enumerate(everyone))
+        raise ValueError(f"add_process_set: the ranks disagree about the set's ranks: {differing}")
+    size = live.topology.size
+    if ranks[-1] >= size:
+        raise ValueError(f"add_process_set({ranks}): ranks must be below the job's size {size}")
+    existing = [set_id for set_id, other in live.process_set_ranks.items() if other == ranks]
+    if existing:
+        raise ValueError(f"add_process_set({ranks}): process set {existing[0]} has the same ranks")
+    process_set.process_set_id = live.register_process_set(ranks)
+    return process_set
+
+
+def remove_process_set(process_set: ProcessSet) -> None:
+    """Remove an added set (collective over every rank of the job); its collectives still
+    pending fail with ShutdownError. The global set cannot be removed."""
+    live = runtime.current("remove_process_set()")
+    set_id = process_set.process_set_id
+    everyone = live.admin_comm.allgather(set_id)
+    if any(other != set_id for other in everyone):
+        raise ValueError(f"remove_process_set: the ranks disagree about the set: "
+                         + "; ".join(f"rank {r} passed set {other}" for r, other in enumerate(everyone)))
+    if set_id == 0:
+        raise ValueError("remove_process_set: the global process set cannot be removed")
+    if set_id not in live.process_set_ids:
+        raise ValueError(f"remove_process_set: process set {process_set.ranks} is not added")
+    live.unregister_process_set(set_id)
+    process_set.process_set_id = None
