@@ -71,3 +71,9 @@ def test_keras_on_each_backend(mpi_job, backend, nranks):
     if importlib.util.find_spec("keras") is None or importlib.util.find_spec(backend) is None:
         pytest.skip(f"keras with the {backend} backend is not installed")
     mpi_job.run_pytest_on_ranks(nranks, ["tests/mpi/keras"], env={"KERAS_BACKEND": backend}, timeout=380)
+
+
+@pytest.mark.timeout(300)
+def test_process_sets_in_a_job_of_four(mpi_job):
+    # Sets of 1, 2 and 3 ranks side by side, which 3 ranks cannot hold.
+    mpi_job.run_pytest_on_ranks(4, ["tests/mpi/test_process_sets.py"])
