@@ -8,6 +8,7 @@ becomes that rank's error on every rank. The job goes on with later operations.
 """
 
 import functools
+import math
 from typing import Callable, Optional, Tuple
 
 from ..common.dtypes import dtype_name
@@ -115,7 +116,8 @@ def _set_root(root_rank, live, what: str) -> int:
     is a job rank, as in Horovod, and must belong to the set."""
     if live.is_job:
         return arguments.check_root_rank(root_rank, live.topology.size, what)
-    return live.set_rank_of(arguments.check_root_rank(root_rank, max(live.ranks) + 1, what), what)
+    # Any job rank may be named; set_rank_of says when it is not one of the set's.
+    return live.set_rank_of(arguments.check_root_rank(root_rank, math.inf, what), what)
 
 
 def _alltoall_plan(array, splits):
