@@ -124,9 +124,11 @@ def set_runtime(process_set: Optional[ProcessSet], what: str) -> "runtime.Runtim
     if process_set.process_set_id is None:
         raise ValueError(f"{what}: process set {process_set.ranks} has not been added (hvd.add_process_set)")
     member = live.process_sets.get(process_set.process_set_id)
+    # After a re-form (hvdplus.elastic) ids start again: a set is its id and its ranks.
+    if live.process_set_ranks.get(process_set.process_set_id) != process_set.ranks:
+        raise ValueError(f"{what}: process set {process_set.ranks} was removed, or the job re-formed since "
+                         "it was added")
     if member is None:
-        if process_set.process_set_id not in live.process_set_ids:
-            raise ValueError(f"{what}: process set {process_set.process_set_id} was removed")
         raise ValueError(f"{what} on process set {process_set.ranks}, which does not include rank "
                          f"{live.topology.rank}")
     return member

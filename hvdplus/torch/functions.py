@@ -1,8 +1,11 @@
-"""Broadcasting a model's and an optimizer's state from one rank, and object collectives."""
+"""Broadcasting a model's and an optimizer's state from one rank, and object collectives.
+
+Each takes `process_set=` (default: the whole job); `root_rank` is a job rank of that set."""
 
 import torch
 
 from ..engine import collectives, runtime
+from ..engine.process_sets import global_process_set
 from .mpi_ops import broadcast_async_
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
@@ -17,24 +20,26 @@ def _named_tensors(params):
     return items
 
 
-def broadcast_parameters(params, root_rank=0):
+def broadcast_parameters(params, root_rank=0, process_set=global_process_set):
     """Overwrite every rank's tensors with `root_rank`'s, in place.
 
     Args:
         params: `model.state_dict()` or `model.named_parameters()`.
-        root_rank: the rank whose values win.
+        root_rank: the (job) rank whose values win.
+        process_set: the ranks that take part (default: every rank).
     """
     handles = []
     for name, tensor in _named_tensors(params):
         if not isinstance(tensor, torch.Tensor):
             continue
         # .data: the parameters require grad, and this write must stay outside autograd.
-        handles.append(broadcast_async_(tensor.data, root_rank, name=f"broadcast_parameters.{name}"))
+        handles.append(broadcast_async_(tensor.data, root_rank, name=f"broadcast_parameters.{name}",
+                                        process_set=process_set))
     for handle in handles:
         handle.wait()
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0):
+def broadcast_optimizer_state(optimizer, root_rank=0, process_set=global_process_set):
     """Give every rank `root_rank`'s optimizer state: per-parameter tensors (momentum
     buffers, Adam moments, step counts) and hyper-parameters such as lr and momentum.
 
@@ -42,16 +47,16 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     step yet (their state is still empty)."""
     state = collectives.broadcast_object(
         optimizer.state_dict() if runtime.rank() == root_rank else None,
-        root_rank, name="broadcast_optimizer_state",
+        root_rank, name="broadcast_optimizer_state", process_set=process_set,
     )
     optimizer.load_state_dict(state)
 
 
-def broadcast_object(obj=None, root_rank=0, name=None):
-    """`root_rank`'s picklable `obj` (tensors included) on every rank."""
-    return collectives.broadcast_object(obj, root_rank, name)
+def broadcast_object(obj=None, root_rank=0, name=None, process_set=global_process_set):
+    """`root_rank`'s picklable `obj` (tensors included) on every rank (of `process_set`)."""
+    return collectives.broadcast_object(obj, root_rank, name, process_set=process_set)
 
 
-def allgather_object(obj, name=None):
-    """Every rank's picklable `obj`, as a list in rank order."""
-    return collectives.allgather_object(obj, name)
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Every rank's picklable `obj`, as a list in rank order (of `process_set`'s ranks)."""
+    return collectives.allgather_object(obj, name, process_set=process_set)

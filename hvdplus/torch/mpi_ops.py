@@ -3,6 +3,11 @@
 Every call hands the core a numpy view of the tensor's memory; in-place variants (`_`
 suffix) have the result written straight back into it. `allreduce`, `allgather`,
 `broadcast` and `alltoall` are differentiable when their input requires grad.
+
+Every collective takes `process_set=` (default: the whole job): it then runs over that
+set's ranks only, averages over their number, and splits rows among them; ranks such as
+`root_rank` stay job ranks, as in Horovod. The gradient of a differentiable collective runs
+over the same set. A rank outside the set gets a ValueError.
 """
 
 import numpy as np
@@ -11,6 +16,7 @@ import torch
 from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
 from ..engine import collectives, runtime
 from ..engine.handles import Handle, HandleGroup
+from ..engine.process_sets import global_process_set, set_runtime
 from .buffers import (
     as_array,
     as_arrays,
@@ -46,104 +52,121 @@ def _what(kind, name):
     return f"{kind} '{name}'" if name else kind
 
 
-def _checked(kind, name, tensors, in_place=False):
-    """None when the tensors are usable, else a handle that fails on every rank."""
+def _checked(kind, name, tensors, process_set, in_place=False):
+    """None when the tensors are usable, else a handle that fails on every rank of
+    `process_set`."""
     try:
         for tensor in tensors:
             check_tensor(tensor, _what(kind, name), in_place)
     except (TypeError, ValueError) as error:
-        return collectives.input_error_async(kind, name, error)
+        return collectives.input_error_async(kind, name, error, process_set)
     return None
 
 
-def _grouped_arrays(name, tensors, in_place=False):
+def _grouped_arrays(name, tensors, process_set, in_place=False):
     """The group's arrays (buffers.as_arrays), or a handle that fails on every rank."""
     try:
         return as_arrays(tensors, _what("grouped_allreduce", name), in_place)
     except (TypeError, ValueError) as error:
-        return collectives.grouped_input_error_async(name, error)
+        return collectives.grouped_input_error_async(name, error, process_set)
+
+
+def _differentiable(tensor):
+    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
 
 
 # -- all-reduce ---------------------------------------------------------------------------
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
     """Start an all-reduce of `tensor`; synchronize returns a new tensor."""
-    failed = _checked("allreduce", name, [tensor])
+    failed = _checked("allreduce", name, [tensor], process_set)
     if failed:
         return failed
     core = collectives.allreduce_async(as_array(tensor), name, reduce_op_from(average, op),
-                                       prescale_factor, postscale_factor)
+                                       prescale_factor, postscale_factor, process_set=process_set)
     return core.then(lambda result: to_tensor(result, tensor))
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
     """Start an in-place all-reduce of `tensor`; synchronize returns `tensor`."""
-    failed = _checked("allreduce", name, [tensor], in_place=True)
+    failed = _checked("allreduce", name, [tensor], process_set, in_place=True)
     if failed:
         return failed
     array, finish = as_in_place_array(tensor)
     core = collectives.allreduce_async(array, name, reduce_op_from(average, op),
-                                       prescale_factor, postscale_factor, output=array)
+                                       prescale_factor, postscale_factor, output=array, process_set=process_set)
     return core.then(lambda _: finish())
 
 
-def _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression):
+def _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression, process_set):
     wire, ctx = compression.compress(tensor)
-    reduced = allreduce_async(wire, None, name, op, prescale_factor, postscale_factor).wait()
+    reduced = allreduce_async(wire, None, name, op, prescale_factor, postscale_factor, process_set).wait()
     return compression.decompress(reduced, ctx)
+
+
+def _summed_gradient(grad, process_set):
+    """The Sum over `process_set` of every rank's incoming gradient."""
+    return _allreduce_plain(grad.contiguous(), None, Sum, 1.0, 1.0, Compression.none, process_set)
 
 
 class _AllreduceFunction(torch.autograd.Function):
     """The gradient of an all-reduce is the same all-reduce of the incoming gradients."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compression):
-        ctx.reduction = (op, prescale_factor, postscale_factor, compression)
-        return _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression)
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compression, process_set):
+        ctx.reduction = (op, prescale_factor, postscale_factor, compression, process_set)
+        return _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression, process_set)
 
     @staticmethod
     def backward(ctx, grad):
-        op, prescale_factor, postscale_factor, compression = ctx.reduction
+        op, prescale_factor, postscale_factor, compression, process_set = ctx.reduction
         if op not in (Average, Sum):
             raise RuntimeError(f"allreduce with op {ReduceOp(op).label} has no gradient; use Sum or Average")
-        grad = _allreduce_plain(grad.contiguous(), None, op, prescale_factor, postscale_factor, compression)
-        return grad, None, None, None, None, None
+        grad = _allreduce_plain(grad.contiguous(), None, op, prescale_factor, postscale_factor, compression,
+                                process_set)
+        return grad, None, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0):
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """All-reduce `tensor` into a new tensor (Average by default); differentiable."""
     op = reduce_op_from(average, op)
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
-        return _AllreduceFunction.apply(tensor, name, op, prescale_factor, postscale_factor, compression)
-    return _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression)
+    if _differentiable(tensor):
+        return _AllreduceFunction.apply(tensor, name, op, prescale_factor, postscale_factor, compression,
+                                        process_set)
+    return _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression, process_set)
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
     """All-reduce `tensor` in place; returns it."""
-    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor).wait()
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set).wait()
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set):
     """Start all-reduces of `tensors` as one fused group; synchronize returns new tensors."""
     tensors = list(tensors)
-    arrays = _grouped_arrays(name, tensors)
+    arrays = _grouped_arrays(name, tensors, process_set)
     if isinstance(arrays, Handle):
         return arrays
     core = collectives.grouped_allreduce_async(arrays, name, reduce_op_from(average, op),
-                                               prescale_factor, postscale_factor)
+                                               prescale_factor, postscale_factor, process_set=process_set)
     return core.then(lambda results: [to_tensor(r, t) for r, t in zip(results, tensors)])
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                             process_set=global_process_set):
     """Start in-place all-reduces of `tensors` as one fused group."""
     tensors = list(tensors)
-    arrays = _grouped_arrays(name, tensors, in_place=True)
+    arrays = _grouped_arrays(name, tensors, process_set, in_place=True)
     if isinstance(arrays, Handle):
         return arrays
     # Host copies of CUDA tensors go back once reduced; CPU tensors were reduced where they lie.
     staged = [(array, tensor) for array, tensor in zip(arrays, tensors) if not tensor.is_cpu]
     core = collectives.grouped_allreduce_async(arrays, name, reduce_op_from(average, op), prescale_factor,
-                                               postscale_factor, outputs=arrays)
+                                               postscale_factor, outputs=arrays, process_set=process_set)
 
     def finish(_):
         for array, tensor in staged:
@@ -154,26 +177,28 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0):
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """All-reduce `tensors` as one fused group; returns new tensors (not differentiable)."""
     compressed = [compression.compress(t) for t in tensors]
     reduced = grouped_allreduce_async([w for w, _ in compressed], average, name, op,
-                                      prescale_factor, postscale_factor).wait()
+                                      prescale_factor, postscale_factor, process_set).wait()
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
     """All-reduce `tensors` in place as one fused group; returns them."""
-    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor).wait()
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                    process_set).wait()
 
 
 # -- allgather ----------------------------------------------------------------------------
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start concatenating every rank's `tensor` along dimension 0 (which may differ)."""
-    failed = _checked("allgather", name, [tensor])
+    failed = _checked("allgather", name, [tensor], process_set)
     if failed:
         return failed
-    core = collectives.allgather_async(as_array(tensor), name)
+    core = collectives.allgather_async(as_array(tensor), name, process_set=process_set)
     return core.then(lambda result: to_tensor(result, tensor))
 
 
@@ -181,52 +206,53 @@ class _AllgatherFunction(torch.autograd.Function):
     """Each rank's input gets the sum over ranks of the gradient rows it contributed."""
 
     @staticmethod
-    def forward(ctx, tensor, name):
-        rows = collectives.allgather(np.array([tensor.shape[0]], dtype=np.int64))
-        rank = runtime.rank()
+    def forward(ctx, tensor, name, process_set):
+        rank = set_runtime(process_set, "allgather()").topology.rank  # this rank's place in the set
+        rows = collectives.allgather(np.array([tensor.shape[0]], dtype=np.int64), process_set=process_set)
         ctx.rows = (int(rows[:rank].sum()), int(rows[rank]))
-        return allgather_async(tensor, name).wait()
+        ctx.process_set = process_set
+        return allgather_async(tensor, name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
         start, count = ctx.rows
-        summed = _allreduce_plain(grad.contiguous(), None, Sum, 1.0, 1.0, Compression.none)
-        return summed[start:start + count], None
+        return _summed_gradient(grad, ctx.process_set)[start:start + count], None, None
 
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's `tensor` concatenated along dimension 0; differentiable."""
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
-        return _AllgatherFunction.apply(tensor, name)
-    return allgather_async(tensor, name).wait()
+    if _differentiable(tensor):
+        return _AllgatherFunction.apply(tensor, name, process_set)
+    return allgather_async(tensor, name, process_set).wait()
 
 
-def grouped_allgather_async(tensors, name=None):
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Start allgathers of several tensors; synchronize returns a list."""
     tensors = list(tensors)
-    base = runtime.current("grouped_allgather()").name_for("grouped_allgather", name)
-    handles = [allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)]
+    base = set_runtime(process_set, "grouped_allgather()").name_for("grouped_allgather", name)
+    handles = [allgather_async(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
     return HandleGroup(base, handles)
 
 
-def grouped_allgather(tensors, name=None):
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgather each of `tensors`; returns a list."""
-    return grouped_allgather_async(tensors, name).wait()
+    return grouped_allgather_async(tensors, name, process_set).wait()
 
 
 # -- broadcast ----------------------------------------------------------------------------
-def broadcast_async(tensor, root_rank, name=None):
-    """Start broadcasting `root_rank`'s `tensor`; synchronize returns a new tensor."""
-    failed = _checked("broadcast", name, [tensor])
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Start broadcasting `root_rank`'s `tensor` (a job rank, in `process_set`);
+    synchronize returns a new tensor."""
+    failed = _checked("broadcast", name, [tensor], process_set)
     if failed:
         return failed
-    core = collectives.broadcast_async(as_array(tensor), root_rank, name)
+    core = collectives.broadcast_async(as_array(tensor), root_rank, name, process_set=process_set)
     return core.then(lambda result: to_tensor(result, tensor))
 
 
-def broadcast_async_(tensor, root_rank, name=None):
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Start broadcasting `root_rank`'s `tensor` into every rank's `tensor`."""
-    failed = _checked("broadcast", name, [tensor], in_place=True)
+    failed = _checked("broadcast", name, [tensor], process_set, in_place=True)
     if failed:
         return failed
     array, finish = as_in_place_array(tensor)
@@ -235,7 +261,7 @@ def broadcast_async_(tensor, root_rank, name=None):
         np.copyto(array, result, casting="no")
         return finish()
 
-    core = collectives.broadcast_async(array, root_rank, name)
+    core = collectives.broadcast_async(array, root_rank, name, process_set=process_set)
     return core.then(write_back)
 
 
@@ -243,39 +269,38 @@ class _BroadcastFunction(torch.autograd.Function):
     """The root's input gets the sum of every rank's gradient; the others get zeros."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank = root_rank
-        return broadcast_async(tensor, root_rank, name).wait()
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.is_root, ctx.process_set = runtime.rank() == root_rank, process_set  # job ranks both
+        return broadcast_async(tensor, root_rank, name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        summed = _allreduce_plain(grad.contiguous(), None, Sum, 1.0, 1.0, Compression.none)
-        if runtime.rank() != ctx.root_rank:
-            summed = torch.zeros_like(summed)
-        return summed, None, None
+        summed = _summed_gradient(grad, ctx.process_set)
+        return (summed if ctx.is_root else torch.zeros_like(summed)), None, None, None
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """`root_rank`'s `tensor` on every rank, as a new tensor; differentiable."""
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
-        return _BroadcastFunction.apply(tensor, root_rank, name)
-    return broadcast_async(tensor, root_rank, name).wait()
+    if _differentiable(tensor):
+        return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
+    return broadcast_async(tensor, root_rank, name, process_set).wait()
 
 
-def broadcast_(tensor, root_rank, name=None):
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrite every rank's `tensor` with `root_rank`'s; returns it."""
-    return broadcast_async_(tensor, root_rank, name).wait()
+    return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
 # -- alltoall and reducescatter ------------------------------------------------------------
-def alltoall_async(tensor, splits=None, name=None):
-    """Start sending rows `splits[r]` of `tensor` to rank r (even split when None)."""
-    failed = _checked("alltoall", name, [tensor])
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Start sending rows `splits[r]` of `tensor` to the r-th rank of `process_set` (even
+    split when None)."""
+    failed = _checked("alltoall", name, [tensor], process_set)
     if failed:
         return failed
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
-    core = collectives.alltoall_async(as_array(tensor), splits, name)
+    core = collectives.alltoall_async(as_array(tensor), splits, name, process_set=process_set)
     return core.then(lambda result: (to_tensor(result[0], tensor), torch.from_numpy(result[1])))
 
 
@@ -283,48 +308,51 @@ class _AlltoallFunction(torch.autograd.Function):
     """Each row's gradient goes back to the rank that sent the row."""
 
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        received, received_splits = alltoall_async(tensor, splits, name).wait()
-        ctx.received_splits = received_splits
+    def forward(ctx, tensor, splits, name, process_set):
+        received, received_splits = alltoall_async(tensor, splits, name, process_set).wait()
+        ctx.received_splits, ctx.process_set = received_splits, process_set
         ctx.mark_non_differentiable(received_splits)
         return received, received_splits
 
     @staticmethod
     def backward(ctx, grad, _):
-        returned, _ = alltoall_async(grad.contiguous(), ctx.received_splits).wait()
-        return returned, None, None
+        returned, _ = alltoall_async(grad.contiguous(), ctx.received_splits, process_set=ctx.process_set).wait()
+        return returned, None, None, None
 
 
-def alltoall(tensor, splits=None, name=None):
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """The rows received from every rank, in rank order; differentiable. As in Horovod, with
     `splits` given it returns (those rows, rows received from each rank), and without them
     the rows alone. (`alltoall_async` + `synchronize` always give the pair.)"""
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
-        received, received_splits = _AlltoallFunction.apply(tensor, splits, name)
+    if _differentiable(tensor):
+        received, received_splits = _AlltoallFunction.apply(tensor, splits, name, process_set)
     else:
-        received, received_splits = alltoall_async(tensor, splits, name).wait()
+        received, received_splits = alltoall_async(tensor, splits, name, process_set).wait()
     return received if splits is None else (received, received_splits)
 
 
-def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                        process_set=global_process_set):
     """Start a reduction of which this rank keeps its block of rows."""
-    failed = _checked("reducescatter", name, [tensor])
+    failed = _checked("reducescatter", name, [tensor], process_set)
     if failed:
         return failed
-    core = collectives.reducescatter_async(as_array(tensor), name, op, prescale_factor, postscale_factor)
+    core = collectives.reducescatter_async(as_array(tensor), name, op, prescale_factor, postscale_factor,
+                                           process_set=process_set)
     return core.then(lambda result: to_tensor(result, tensor))
 
 
-def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduce `tensor` over ranks; rank r keeps block r of the rows."""
-    return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor).wait()
+def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                  process_set=global_process_set):
+    """Reduce `tensor` over ranks; the r-th rank of `process_set` keeps block r of the rows."""
+    return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor, process_set).wait()
 
 
-def join() -> int:
-    """This rank is out of data; see hvdplus.join. Returns the last rank to join."""
-    return collectives.join()
+def join(process_set=global_process_set) -> int:
+    """This rank is out of data; see hvdplus.join. Returns the (job) rank that joined last."""
+    return collectives.join(process_set=process_set)
 
 
-def barrier() -> None:
-    """Wait until every rank has called barrier()."""
-    collectives.barrier()
+def barrier(process_set=global_process_set) -> None:
+    """Wait until every rank (of `process_set`) has called barrier()."""
+    collectives.barrier(process_set=process_set)

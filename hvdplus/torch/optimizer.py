@@ -9,6 +9,10 @@ core trains), one per dtype and device, since the engine waits for step() anyway
 request per step costs least: every request pays its own negotiation and bookkeeping, and
 none would start any earlier. `step()` waits for them all, then lets the wrapped optimizer
 update the parameters.
+
+With `process_set=`, gradients are averaged over that set's ranks only, on its engine; as in
+Horovod, a rank outside the set applies its own gradients unreduced. A job that re-forms
+(hvdplus.elastic) has no process sets any more: such an optimizer then refuses to step.
 """
 
 import contextlib
@@ -22,6 +26,7 @@ from ..common.errors import HvdplusError
 from ..common.reduce_ops import Average
 from ..common.scaling import gradient_reduction
 from ..engine import runtime
+from ..engine.process_sets import global_process_set, set_runtime
 from .compression import Compression
 from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
 
@@ -38,7 +43,7 @@ class _DistributedOptimizer:
     instance of that class (schedulers, state_dict and isinstance keep working)."""
 
     def _hvdplus_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                       gradient_predivide_factor, groups, sparse_as_dense):
+                       gradient_predivide_factor, groups, sparse_as_dense, process_set):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
         self._compression = compression
@@ -48,23 +53,38 @@ class _DistributedOptimizer:
         params = [p for group in self.param_groups for p in group["params"]]
         self._params = params
         self._names = _parameter_names(params, named_parameters)
+        self._process_set = process_set
+        self._set_gone = None  # why this optimizer can no longer step, once its set is gone
         self._hooks = []
         self._hvdplus_attach()
         # A job that re-forms (hvdplus.elastic) has a new size and engine: attach again.
         this = weakref.ref(self)
-        self._hvdplus_detach_from_reforms = runtime.on_reform(lambda: this() is not None and this()._hvdplus_attach())
+        self._hvdplus_detach_from_reforms = runtime.on_reform(lambda: this() is not None and this()._hvdplus_reformed())
+
+    def _hvdplus_reformed(self):
+        if _is_global(self._process_set):
+            self._hvdplus_attach()
+            return
+        # Not raised here, where it would stop the job's re-forming: step() raises it.
+        self._set_gone = (f"DistributedOptimizer(process_set={self._process_set.ranks}): the job re-formed "
+                          "(hvdplus.elastic), and process sets do not outlive that; add the set again and "
+                          "wrap the optimizer anew")
+        self._hvdplus_attach()
 
     def _hvdplus_attach(self):
-        """Everything that depends on the job's size: the reduction, the fusion groups, the
-        hooks, and a clean slate for the hooks' bookkeeping."""
+        """Everything that depends on the size of the set the gradients are averaged over:
+        the reduction, the fusion groups, the hooks, and a clean slate for the hooks'
+        bookkeeping."""
         for hook in self._hooks:
             hook.remove()
-        size = runtime.size()
+        live = None if self._set_gone else _set_runtime(self._process_set)
+        size = 1 if live is None else live.topology.size
+        self._size = size
         params = self._params
         self._reduction = gradient_reduction(self._op, self._predivide, size)
         trained = [p for p in params if p.requires_grad]
         if self._explicit_groups is None and size > 1:
-            groups_of = _automatic_groups(trained, runtime.current("DistributedOptimizer").engine.overlap)
+            groups_of = _automatic_groups(trained, live.engine.overlap)
         else:
             groups_of = _fusion_groups(params, self._explicit_groups)
         # The hooks' bookkeeping is keyed by id(parameter): a tensor's own __hash__ is a
@@ -104,7 +124,7 @@ class _DistributedOptimizer:
         # A parameter is submitted once per step (see _gradient_ready), so counting suffices.
         ready = self._group_ready.get(id(group), 0) + 1
         if ready == len(group):
-            del self._group_ready[id(group)]
+            self._group_ready.pop(id(group), None)  # never counted for a group of one
             self._pending.append(self._allreduce_group(group))
         else:
             self._group_ready[id(group)] = ready
@@ -136,8 +156,8 @@ class _DistributedOptimizer:
         grad = self._dense_gradient(param)
         wire, ctx = self._on_the_wire(grad)
         op, prescale, postscale = self._reduction
-        handle = allreduce_async_(wire, name=f"grad.{self._names[param]}", op=op,
-                                  prescale_factor=prescale, postscale_factor=postscale)
+        handle = allreduce_async_(wire, name=f"grad.{self._names[param]}", op=op, prescale_factor=prescale,
+                                  postscale_factor=postscale, process_set=self._process_set)
 
         def finish():
             handle.wait()
@@ -158,8 +178,8 @@ class _DistributedOptimizer:
         compressed = [self._on_the_wire(g) for g in grads]
         op, prescale, postscale = self._reduction
         name = f"grads.{self._names[group[0]]}"
-        handle = grouped_allreduce_async_([w for w, _ in compressed], name=name,
-                                          op=op, prescale_factor=prescale, postscale_factor=postscale)
+        handle = grouped_allreduce_async_([w for w, _ in compressed], name=name, op=op, prescale_factor=prescale,
+                                          postscale_factor=postscale, process_set=self._process_set)
 
         def finish():
             try:
@@ -181,9 +201,11 @@ class _DistributedOptimizer:
         every rank's rows are concatenated and summed where they repeat."""
         grad = param.grad.coalesce()
         name = self._names[param]
-        indices = allgather_async(grad.indices().t().contiguous(), name=f"sparse_indices.{name}")
-        values = allgather_async(grad.values().contiguous(), name=f"sparse_values.{name}")
-        scale = self._reduction.factor(runtime.size())
+        indices = allgather_async(grad.indices().t().contiguous(), name=f"sparse_indices.{name}",
+                                  process_set=self._process_set)
+        values = allgather_async(grad.values().contiguous(), name=f"sparse_values.{name}",
+                                 process_set=self._process_set)
+        scale = self._reduction.factor(self._size)
 
         def finish():
             gathered = torch.sparse_coo_tensor(indices.wait().t(), values.wait() * scale, grad.shape,
@@ -196,6 +218,8 @@ class _DistributedOptimizer:
     def synchronize(self):
         """Wait for every gradient's all-reduce (submitting those whose hooks did not fire,
         e.g. parameters unused this step, so that every rank submits the same names)."""
+        if self._set_gone:
+            raise ValueError(self._set_gone)
         if self._hooks:
             for param in self._params:
                 if param.requires_grad and id(param) not in self._submitted:
@@ -245,6 +269,17 @@ class _DistributedOptimizer:
                 "zero the gradients before backward, or call step() first"
             )
         return super().zero_grad(set_to_none)
+
+
+def _is_global(process_set) -> bool:
+    return process_set is None or process_set.process_set_id == 0
+
+
+def _set_runtime(process_set):
+    """The Runtime of the set whose ranks average the gradients; None on a rank outside it."""
+    if not _is_global(process_set) and process_set.process_set_id is not None and not process_set.included():
+        return None
+    return set_runtime(process_set, "DistributedOptimizer")
 
 
 def _parameter_names(params, named_parameters):
@@ -309,7 +344,7 @@ def _fusion_groups(params, groups):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         groups=None, sparse_as_dense=False):
+                         groups=None, sparse_as_dense=False, process_set=global_process_set):
     """Wrap `optimizer` so that `step()` applies gradients averaged over all ranks.
 
     Args:
@@ -321,10 +356,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         gradient_predivide_factor: with Average, divide by f before the sum and by size/f after.
         groups: None, a number of fusion groups, or lists of parameters reduced together.
         sparse_as_dense: densify sparse gradients instead of allgathering them.
+        process_set: the ranks whose gradients are averaged (default: every rank); a rank
+            outside the set applies its own gradients, as in Horovod.
     """
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._hvdplus_setup(named_parameters, compression, backward_passes_per_step, op,
-                           gradient_predivide_factor, groups, sparse_as_dense)
+                           gradient_predivide_factor, groups, sparse_as_dense, process_set)
     return wrapped

@@ -9,13 +9,14 @@ same order as the others, including a rank whose batch is empty.
 
 Weight and bias gradients are this rank's share; summed (or averaged, as
 `DistributedOptimizer` does) over ranks they are the gradients of the whole batch.
-In eval mode with running statistics, the layer is a plain local batch norm.
+In eval mode with running statistics, the layer is a plain local batch norm. With
+`process_set=`, the batch is that set's ranks' rows, and only they run the collectives.
 """
 
 import torch
 
 from ..common.reduce_ops import Sum
-from ..engine import runtime
+from ..engine.process_sets import global_process_set, set_runtime
 from .mpi_ops import allreduce
 
 __all__ = ["SyncBatchNorm"]
@@ -38,7 +39,7 @@ def _compute_dtype(dtype):
     return torch.promote_types(dtype, torch.float32)
 
 
-def _global_moments(input):
+def _global_moments(input, process_set):
     """(mean, biased variance, count) per channel over every rank's rows, in float64."""
     wide = input.to(_STATISTICS)
     dims = _channel_dims(input)
@@ -48,7 +49,7 @@ def _global_moments(input):
         (wide * wide).sum(dims),
         torch.full((input.shape[1],), float(rows), dtype=_STATISTICS),
     ])
-    total_sum, total_squares, counts = allreduce(local, op=Sum).unbind(0)
+    total_sum, total_squares, counts = allreduce(local, op=Sum, process_set=process_set).unbind(0)
     count = counts[0].item()
     if count < 2:
         raise ValueError(
@@ -65,15 +66,15 @@ class _SyncBatchNormFunction(torch.autograd.Function):
     """Returns (output, global mean, unbiased global variance); only output has a gradient."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias, eps):
-        mean, variance, count = _global_moments(input)
+    def forward(ctx, input, weight, bias, eps, process_set=global_process_set):
+        mean, variance, count = _global_moments(input, process_set)
         invstd = torch.rsqrt(variance + eps)
         scale = invstd if weight is None else invstd * weight.to(_STATISTICS)
         shift = -mean * scale if bias is None else bias.to(_STATISTICS) - mean * scale
         work = _compute_dtype(input.dtype)
         output = input.to(work) * _per_channel(scale.to(work), input) + _per_channel(shift.to(work), input)
         ctx.save_for_backward(input, weight, mean, invstd)
-        ctx.count = count
+        ctx.count, ctx.process_set = count, process_set
         ctx.bias_dtype = None if bias is None else bias.dtype
         unbiased = variance * (count / (count - 1))
         ctx.mark_non_differentiable(mean, unbiased)
@@ -82,7 +83,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, _grad_mean, _grad_variance):
         input, weight, mean, invstd = ctx.saved_tensors
-        needs_input, needs_weight, needs_bias, _ = ctx.needs_input_grad
+        needs_input, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         work = _compute_dtype(input.dtype)
         dims = _channel_dims(input)
         grad = grad_output.to(work)
@@ -98,7 +99,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         if needs_input:
             # Depends on input.requires_grad only, which every rank's model shares, so
             # either every rank runs this collective or none does.
-            total_sum, total_dot = allreduce(torch.stack([grad_sum, grad_dot_centered]), op=Sum).unbind(0)
+            stacked = torch.stack([grad_sum, grad_dot_centered])
+            total_sum, total_dot = allreduce(stacked, op=Sum, process_set=ctx.process_set).unbind(0)
             gain = invstd if weight is None else invstd * weight.to(_STATISTICS)
             mean_grad = total_sum / ctx.count
             centered_coefficient = invstd * invstd * total_dot / ctx.count
@@ -108,7 +110,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
                 - centered * _per_channel(centered_coefficient.to(work), input)
             ) * _per_channel(gain.to(work), input)
             grad_input = grad_input.to(input.dtype)
-        return grad_input, grad_weight, grad_bias, None
+        return grad_input, grad_weight, grad_bias, None, None
 
 
 class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
@@ -121,10 +123,13 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
             cumulative average over all batches seen.
         affine: learn a per-channel weight and bias.
         track_running_stats: keep running mean and variance, used in eval mode.
+        process_set: the ranks whose rows make up the batch (default: every rank).
     """
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 process_set=global_process_set):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.process_set = process_set
 
     def _check_input_dim(self, input):
         if input.dim() < 2 or input.shape[1] != self.num_features:
@@ -138,9 +143,10 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
 
     def forward(self, input):
         self._check_input_dim(input)
-        if runtime.size() == 1 or not self._uses_batch_statistics():
+        if not self._uses_batch_statistics() or set_runtime(self.process_set, "SyncBatchNorm").topology.size == 1:
             return super().forward(input)
-        output, mean, unbiased_variance = _SyncBatchNormFunction.apply(input, self.weight, self.bias, self.eps)
+        output, mean, unbiased_variance = _SyncBatchNormFunction.apply(input, self.weight, self.bias, self.eps,
+                                                                        self.process_set)
         if self.training and self.track_running_stats:
             self._update_running_statistics(mean, unbiased_variance)
         return output
