@@ -12,6 +12,7 @@ from ..common.errors import (
     StalledError, TensorMismatchError,
 )
 from ..common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
+from .p2p import recv, recv_async, send, send_async
 from .process_sets import ProcessSet, add_process_set, global_process_set, init, remove_process_set
 from .runtime import (
     cross_rank, cross_size, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
@@ -25,5 +26,6 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "start_timeline", "stop_timeline", *_BUILD_QUERIES,
+    "mpi_built", "start_timeline", "stop_timeline", "send", "recv", "send_async", "recv_async",
+    *_BUILD_QUERIES,
 ]

@@ -17,4 +17,5 @@ from .mpi_ops import (
     grouped_allreduce_async_, join, poll, reducescatter, reducescatter_async, synchronize,
 )
 from .optimizer import DistributedOptimizer
+from .p2p import recv, recv_async, send, send_async
 from .sync_batch_norm import SyncBatchNorm

@@ -1,0 +1,450 @@
+"""Point-to-point messages between two ranks of the job, on numpy arrays.
+
+    if hvd.rank() == 0:
+        hvd.send(activations, dst=1, tag=7)
+    elif hvd.rank() == 1:
+        activations = hvd.recv((32, 128), src=0, tag=7)            # float32 unless dtype=...
+        hvd.recv(buffer, src=0, tag=7)                            # or into an array
+
+Ranks (`dst`, `src`) are job ranks. With a `process_set`, this rank and the peer must
+belong to it (ValueError otherwise); the set only checks membership, as messages always
+travel on the job's own point-to-point communicator.
+
+Every message carries its checks: the sender first sends a small header (dtype, shape,
+tag), then the data; the receiver compares the header with the array it receives into
+(or the shape and dtype it asked for) and answers with an acknowledgement, which carries
+either OK or the error. A mismatch raises the same ValueError, naming both ranks, the tag
+and both descriptions, on both ranks (the sender learns of it from the acknowledgement);
+the receiving array's contents are then unspecified.
+
+Semantics:
+  * A send completes when its acknowledgement arrives, that is once the receiver has the
+    data (as MPI_Ssend). Two ranks that both block in `send` to each other therefore
+    deadlock: order the calls (one sends first, the other receives first), or start
+    them with `send_async`/`recv_async` and wait for both.
+  * Messages between the same pair of ranks with the same tag arrive in the order they
+    were sent; messages with different tags are independent.
+  * `send_async` and `recv_async` return a handle with `wait()` (returns the received
+    array, or None for a send) and `poll()`; `hvdplus.synchronize(handle)` and
+    `hvdplus.poll(handle)` work on it too. Messages progress whenever this process waits
+    for or polls any point-to-point handle (all of its messages in flight move on then),
+    not in the background: a receive that is started and never waited for holds up
+    the sender's completion.
+  * The async forms read (send) or write (recv) the array until the handle completes:
+    leave it alone until then.
+  * Tags run from 0 to `tag_limit()` (exclusive), 2**28 with Open MPI. The framework
+    adapters send gradients (hvdplus.torch) on a channel of their own (`gradient=True`),
+    which never meets the messages of the same tag.
+  * A peer that dies, with MPI's failure mitigation on (hvdplusrun's elastic mode, see
+    hvdplus.comm.failures), raises RanksFailedError; hvdplus' communicators are revoked,
+    as when a collective sees a rank die.
+
+The calls use nonblocking MPI on the calling thread (MPI runs at MPI_THREAD_MULTIPLE), on
+a communicator of their own, away from the engine's collectives.
+"""
+
+import json
+import numbers
+import threading
+import time
+import weakref
+from typing import Sequence, Union
+
+import numpy as np
+
+from ..common.dtypes import check_supported, dtype_name
+from ..common.errors import HvdplusError, RanksFailedError
+from . import runtime
+from .process_sets import set_runtime
+
+__all__ = ["send", "recv", "send_async", "recv_async", "tag_limit", "P2PHandle"]
+
+# Headers and acknowledgements are JSON of at most this many bytes: a header describes a
+# shape of at most 64 dimensions, an acknowledgement carries an error naming two of them.
+_MESSAGE_BYTES = 8192
+# Wire tags: bits 0-1 say what a message is. Headers carry the caller's tag and channel;
+# data and acknowledgements carry the sender's sequence number for that destination, so
+# each belongs to exactly one header whatever order the messages are waited for in.
+_HEADER, _DATA, _ACK = 0, 1, 2
+# Polling backoff while waiting: yield the core at once, then sleep up to this long.
+_SPIN_ROUNDS = 64
+_MAX_PAUSE_S = 0.001
+
+
+class _Link:
+    """The point-to-point state of one job runtime: its communicator, the next sequence
+    number for each destination and the operations in flight."""
+
+    def __init__(self, live: "runtime.Runtime"):
+        from mpi4py import MPI
+
+        self.runtime = weakref.ref(live)
+        self.comm = live.p2p_comm
+        self.rank = live.topology.rank
+        self.size = live.topology.size
+        upper = self.comm.Get_attr(MPI.TAG_UB)
+        self.tag_limit = (upper + 1) // 8  # tag * 8 + gradient * 4 + _HEADER <= upper
+        self.sequence_limit = (upper + 1) // 4
+        self.next_sequence = {}
+        self.pending = []
+        self.lock = threading.Lock()
+
+    def take_sequence(self, dst: int) -> int:
+        sequence = self.next_sequence.get(dst, 0)
+        self.next_sequence[dst] = (sequence + 1) % self.sequence_limit
+        return sequence
+
+    def progress(self) -> None:
+        """Test every operation in flight once, moving each on as far as it can go."""
+        from mpi4py import MPI
+
+        with self.lock:
+            for operation in list(self.pending):
+                if operation.done:  # failed along with another one
+                    continue
+                try:
+                    operation.advance()
+                except MPI.Exception as exc:
+                    self.fail(operation, exc)
+            self.pending = [operation for operation in self.pending if not operation.done]
+
+    def start(self, operation: "_Operation") -> None:
+        from mpi4py import MPI
+
+        with self.lock:
+            try:
+                operation.begin()
+            except MPI.Exception as exc:
+                self.pending.append(operation)
+                self.fail(operation, exc)
+                self.pending = [operation for operation in self.pending if not operation.done]
+            else:
+                self.pending.append(operation)
+
+    def fail(self, operation: "_Operation", exc) -> None:
+        """An MPI error in `operation`. A dead peer (or a communicator revoked because one
+        died) fails every message in flight, as the communicators are then revoked."""
+        from ..comm.failures import failed_ranks, is_process_failure
+
+        if not is_process_failure(exc):
+            operation.finish(error=HvdplusError(f"{operation.what}: MPI failed: {exc}"))
+            return
+        failed = failed_ranks(self.comm)
+        live = self.runtime()
+        if live is not None and live.settings.ulfm:
+            live.revoke()
+        who = f"ranks {failed}" if failed else "a rank"
+        for pending in self.pending:
+            if not pending.done:
+                pending.finish(error=RanksFailedError(
+                    f"{pending.what}: {who} of the {self.size}-rank job failed (seen on rank {self.rank})", failed))
+
+
+_links = weakref.WeakKeyDictionary()
+_links_lock = threading.Lock()
+
+
+def _link(live) -> _Link:
+    with _links_lock:
+        link = _links.get(live)
+        if link is None:
+            link = _links[live] = _Link(live)
+        return link
+
+
+def tag_limit() -> int:
+    """Tags of point-to-point messages are below this (2**28 with Open MPI; MPI's minimum
+    tag bound gives 4096)."""
+    return _link(runtime.current("tag_limit()")).tag_limit
+
+
+def _tag_text(tag: int, gradient: bool) -> str:
+    return f"tag {tag}" + (" (gradient)" if gradient else "")
+
+
+def _description(dtype: str, shape) -> str:
+    return f"{dtype} of shape {tuple(shape)}"
+
+
+class _Operation:
+    """One message in flight on this rank: the MPI requests of its current step."""
+
+    def __init__(self, link: _Link, peer: int, tag: int, gradient: bool, what: str):
+        self.link = link
+        self.peer = peer
+        self.tag = tag
+        self.gradient = gradient
+        self.what = what
+        self.requests = []
+        self.done = False
+        self.error = None
+        self.result = None
+
+    @property
+    def header_tag(self) -> int:
+        return self.tag * 8 + (4 if self.gradient else 0) + _HEADER
+
+    def advance(self) -> None:
+        """Test the current step's requests; while a step completes, take the next one."""
+        while not self.done:
+            self.requests = [request for request in self.requests if not request.Test()]
+            if self.requests:
+                return
+            self.step()
+
+    def finish(self, result=None, error=None) -> None:
+        self.result, self.error, self.done = result, error, True
+        self.requests = []
+
+    def begin(self) -> None:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+
+def _encode(message: dict) -> bytes:
+    data = json.dumps(message).encode()
+    if len(data) > _MESSAGE_BYTES:
+        raise ValueError(f"point-to-point control message of {len(data)} bytes is too long")
+    return data
+
+
+def _decode(buffer: bytearray) -> dict:
+    return json.loads(bytes(buffer).rstrip(b"\0"))
+
+
+def _bytes_of(array: np.ndarray) -> np.ndarray:
+    """A uint8 view over a C-contiguous array's memory (MPI moves bytes; bfloat16 and
+    bool have no MPI type of their own)."""
+    return array.reshape(-1).view(np.uint8)
+
+
+class _Send(_Operation):
+    def __init__(self, link, dst, tag, gradient, array: np.ndarray):
+        super().__init__(link, dst, tag, gradient, f"send to rank {dst} with {_tag_text(tag, gradient)}")
+        self.array = array
+        self.header = None
+        self.ack = bytearray(_MESSAGE_BYTES)
+
+    def begin(self) -> None:
+        from mpi4py import MPI
+
+        comm, dst = self.link.comm, self.peer
+        sequence = self.link.take_sequence(dst)
+        self.header = _encode({"dtype": dtype_name(self.array.dtype), "shape": list(self.array.shape),
+                               "nbytes": self.array.nbytes, "tag": self.tag, "sequence": sequence})
+        self.requests = [
+            comm.Isend([self.header, MPI.BYTE], dest=dst, tag=self.header_tag),
+            comm.Isend([_bytes_of(self.array), MPI.BYTE], dest=dst, tag=sequence * 4 + _DATA),
+            comm.Irecv([self.ack, MPI.BYTE], source=dst, tag=sequence * 4 + _ACK),
+        ]
+
+    def step(self) -> None:
+        answer = _decode(self.ack)
+        self.array = None
+        if answer.get("ok"):
+            self.finish()
+        else:
+            self.finish(error=ValueError(answer["error"]))
+
+
+class _Recv(_Operation):
+    def __init__(self, link, src, tag, gradient, array: np.ndarray):
+        super().__init__(link, src, tag, gradient, f"recv from rank {src} with {_tag_text(tag, gradient)}")
+        self.array = array
+        self.header = bytearray(_MESSAGE_BYTES)
+        self.sequence = None
+        self.mismatch = None
+        self.acknowledged = False
+        self.outgoing = None
+
+    def begin(self) -> None:
+        from mpi4py import MPI
+
+        self.requests = [self.link.comm.Irecv([self.header, MPI.BYTE], source=self.peer, tag=self.header_tag)]
+
+    def step(self) -> None:
+        from mpi4py import MPI
+
+        comm = self.link.comm
+        if self.sequence is None:  # the header is in: take the data, or drain it on a mismatch
+            header = _decode(self.header)
+            self.sequence = header["sequence"]
+            into = self._check(header)
+            self.requests = [comm.Irecv([into, MPI.BYTE], source=self.peer, tag=self.sequence * 4 + _DATA)]
+        elif not self.acknowledged:
+            self.acknowledged = True
+            answer = {"ok": True} if self.mismatch is None else {"ok": False, "error": self.mismatch}
+            self.outgoing = _encode(answer)  # held until the send completes
+            self.requests = [comm.Isend([self.outgoing, MPI.BYTE], dest=self.peer, tag=self.sequence * 4 + _ACK)]
+        elif self.mismatch is None:
+            self.finish(result=self.array)
+        else:
+            self.finish(error=ValueError(self.mismatch))
+
+    def _check(self, header: dict):
+        """Where the data goes: the array, or a scratch buffer when the header does not
+        match it (the message must still be received, so that the sender's completes)."""
+        expected = (dtype_name(self.array.dtype), list(self.array.shape))
+        if (header["dtype"], header["shape"]) == expected:
+            return _bytes_of(self.array)
+        me, src = self.link.rank, self.peer
+        self.mismatch = (
+            f"point-to-point message from rank {src} to rank {me} with {_tag_text(self.tag, self.gradient)} "
+            f"does not match: rank {src} sent {_description(header['dtype'], header['shape'])}, rank {me} expected "
+            f"{_description(*expected)}")
+        return bytearray(header["nbytes"])
+
+
+class P2PHandle:
+    """A point-to-point message in flight: `wait()` returns the received array (None for a
+    send) or raises the message's error; `poll()` says whether it is done, after moving
+    every message in flight on. `then(step)` has wait() pass the result through `step`."""
+
+    __slots__ = ("name", "_operation", "_finish")
+
+    def __init__(self, operation: _Operation):
+        self.name = operation.what
+        self._operation = operation
+        self._finish = None
+
+    def __repr__(self):
+        return f"<hvdplus.P2PHandle {self.name!r} {'done' if self.done() else 'pending'}>"
+
+    def then(self, step):
+        finish = self._finish
+        self._finish = step if finish is None else (lambda result: step(finish(result)))
+        return self
+
+    def done(self) -> bool:
+        return self._operation.done
+
+    def poll(self) -> bool:
+        if not self._operation.done:
+            self._operation.link.progress()
+        return self._operation.done
+
+    def wait(self):
+        operation = self._operation
+        rounds = 0
+        while not operation.done:
+            operation.link.progress()
+            if operation.done:
+                break
+            rounds += 1
+            time.sleep(0 if rounds < _SPIN_ROUNDS else min(_MAX_PAUSE_S, 1e-5 * (rounds - _SPIN_ROUNDS + 1)))
+        if operation.error is not None:
+            raise operation.error
+        return self._finish(operation.result) if self._finish is not None else operation.result
+
+
+# -- arguments -----------------------------------------------------------------------------
+def _arguments(peer, tag, process_set, role: str, what: str):
+    """(the job runtime's link, the peer, the tag) after checking them; ValueError or
+    TypeError naming `what` otherwise."""
+    live = runtime.current(f"{what}()")
+    link = _link(live)
+    for label, value in ((role, peer), ("tag", tag)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{what}: {label} must be an int, got {type(value).__name__}")
+    peer, tag = int(peer), int(tag)
+    if not 0 <= peer < link.size:
+        raise ValueError(f"{what}: {role} {peer} is out of range for a job of {link.size} ranks")
+    if peer == link.rank:
+        raise ValueError(f"{what}: {role} {peer} is this rank; a rank cannot message itself")
+    if not 0 <= tag < link.tag_limit:
+        raise ValueError(f"{what}: tag {tag} is out of range [0, {link.tag_limit})")
+    if process_set is not None:
+        set_runtime(process_set, what)  # this rank must be in the (added) set
+        if process_set.process_set_id != 0 and peer not in process_set.ranks:
+            raise ValueError(f"{what}: {role} rank {peer} is not in the process set {process_set.ranks}")
+    return link, peer, tag
+
+
+def _dtype(dtype, what: str) -> np.dtype:
+    if dtype is None:
+        return np.dtype(np.float32)
+    try:
+        result = np.dtype(dtype)
+    except TypeError:
+        if str(dtype) != "bfloat16":
+            raise TypeError(f"{what}: dtype {dtype!r} is not a numpy dtype") from None
+        import ml_dtypes
+
+        result = np.dtype(ml_dtypes.bfloat16)
+    check_supported(result, what)
+    return result
+
+
+def _receiving_array(array_or_shape, dtype, what: str) -> np.ndarray:
+    if isinstance(array_or_shape, np.ndarray):
+        array = array_or_shape
+        check_supported(array.dtype, what)
+        if dtype is not None and _dtype(dtype, what) != array.dtype:
+            raise ValueError(f"{what}: dtype {dtype} differs from the array's {array.dtype}")
+        if not array.flags.c_contiguous or not array.flags.writeable:
+            raise ValueError(f"{what}: the array to receive into must be C-contiguous and writeable")
+        return array
+    shape = (array_or_shape,) if isinstance(array_or_shape, numbers.Integral) else array_or_shape
+    try:
+        shape = tuple(shape)
+        if any(isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0 for n in shape):
+            raise TypeError
+    except TypeError:
+        raise TypeError(f"{what}: expected a numpy array or a shape (a tuple of non-negative ints), "
+                        f"got {array_or_shape!r}") from None
+    return np.empty(tuple(int(n) for n in shape), dtype=_dtype(dtype, what))
+
+
+# -- the calls -------------------------------------------------------------------------------
+def send_async(array, dst: int, tag: int = 0, process_set=None, *, gradient: bool = False) -> P2PHandle:
+    """Start sending `array` to job rank `dst`; the handle's wait() returns None once the
+    receiver has it (or raises the receiver's mismatch error).
+
+    Args:
+        array: a numpy array (or anything np.asarray takes) of a supported dtype; copied
+            only when it is not C-contiguous.
+        dst: the receiving job rank (not this one).
+        tag: tells apart messages between the same two ranks, in [0, tag_limit()).
+        process_set: an added ProcessSet that both ranks must belong to (None: the job).
+        gradient: the adapters' channel for gradients going back in backward passes; its
+            messages never match ordinary ones.
+    """
+    link, dst, tag = _arguments(dst, tag, process_set, "dst", "send")
+    data = np.asarray(array)
+    check_supported(data.dtype, f"send to rank {dst} with {_tag_text(tag, gradient)}")
+    operation = _Send(link, dst, tag, gradient, data if data.flags.c_contiguous else np.ascontiguousarray(data))
+    link.start(operation)
+    return P2PHandle(operation)
+
+
+def recv_async(array_or_shape: Union[np.ndarray, int, Sequence[int]], src: int, tag: int = 0, dtype=None,
+               process_set=None, *, gradient: bool = False) -> P2PHandle:
+    """Start receiving from job rank `src`; the handle's wait() returns the array.
+
+    Args:
+        array_or_shape: a C-contiguous, writeable numpy array to receive into, or the shape
+            of a new array of `dtype`. The message must have this shape and dtype exactly.
+        src: the sending job rank (not this one).
+        tag, process_set, gradient: as in send_async.
+        dtype: the new array's dtype (a numpy dtype or its name; default float32); with an
+            array, None or the array's own.
+    """
+    link, src, tag = _arguments(src, tag, process_set, "src", "recv")
+    array = _receiving_array(array_or_shape, dtype, f"recv from rank {src} with {_tag_text(tag, gradient)}")
+    operation = _Recv(link, src, tag, gradient, array)
+    link.start(operation)
+    return P2PHandle(operation)
+
+
+def send(array, dst: int, tag: int = 0, process_set=None) -> None:
+    """Send `array` to job rank `dst`; returns once the receiver has it (see send_async).
+    Two ranks that both `send` to each other first deadlock, as with MPI_Ssend."""
+    send_async(array, dst, tag, process_set).wait()
+
+
+def recv(array_or_shape, src: int, tag: int = 0, dtype=None, process_set=None) -> np.ndarray:
+    """Receive a message from job rank `src` into the given array (returned) or a new one
+    of the given shape and `dtype` (default float32); see recv_async."""
+    return recv_async(array_or_shape, src, tag, dtype, process_set).wait()
