@@ -2,6 +2,8 @@
 catch ring and split arithmetic), and the topology suite with ranks posing as nodes."""
 
 import importlib.util
+import re
+import sys
 
 import pytest
 
@@ -77,3 +79,45 @@ def test_keras_on_each_backend(mpi_job, backend, nranks):
 def test_process_sets_in_a_job_of_four(mpi_job):
     # Sets of 1, 2 and 3 ranks side by side, which 3 ranks cannot hold.
     mpi_job.run_pytest_on_ranks(4, ["tests/mpi/test_process_sets.py"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_point_to_point_messages(mpi_job, nranks):
+    # Also in the whole-suite runs above; here on their own, with the ring at 3 ranks.
+    mpi_job.run_pytest_on_ranks(nranks, ["tests/mpi/test_p2p.py"])
+
+
+@pytest.mark.timeout(300)
+def test_torch_process_sets_in_a_job_of_four(mpi_job):
+    # The PyTorch adapter on sets of 1, 2 and 3 ranks side by side.
+    mpi_job.run_pytest_on_ranks(4, ["tests/mpi/test_torch_process_sets.py"])
+
+
+@pytest.mark.timeout(120)
+def test_point_to_point_with_a_dead_peer_raises_ranks_failed(mpi_job, tmp_path):
+    # Elastic mode runs MPI with failure mitigation: rank 2 dies while rank 0 waits for its
+    # message and rank 1 for its acknowledgement; neither may hang.
+    script = tmp_path / "dead_peer.py"
+    script.write_text(
+        "import os, signal, numpy as np, hvdplus as hvd\n"
+        "hvd.init()\n"
+        "hvd.barrier()\n"
+        "if hvd.rank() == 2:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "try:\n"
+        "    hvd.recv(3, 2) if hvd.rank() == 0 else hvd.send(np.zeros(3, np.float32), 2)\n"
+        "except hvd.RanksFailedError as error:\n"
+        "    print(f'rank {hvd.rank()}: {error}', flush=True)\n"
+        "os._exit(0)\n")
+    result = mpi_job(3, [sys.executable, str(script)], launcher_args=["--min-np", "1"], timeout=90)
+    # A rank that learns of the death from the others' revoking may not know who died yet.
+    for line in (r"rank 0: recv from rank 2 with tag 0: (ranks \[2\]|a rank) of the 3-rank job failed",
+                 r"rank 1: send to rank 2 with tag 0: (ranks \[2\]|a rank) of the 3-rank job failed"):
+        assert re.search(line, result.stdout), result.stdout[-4000:] + result.stderr[-4000:]
+
+
+@pytest.mark.timeout(300)
+def test_pipeline_of_two_stages_times_two_replicas(mpi_job):
+    # Pipelines of 4 stages, and 2 stages x 2 data-parallel replicas, need 4 ranks.
+    mpi_job.run_pytest_on_ranks(4, ["tests/mpi/test_torch_pipeline.py", "tests/mpi/test_torch_parallel.py"])

@@ -48,3 +48,22 @@ def test_synthetic_benchmark_reports_total_throughput_of_2_ranks(mpi_job):
     assert len(re.findall(r"Iter #\d+: ", result.stdout)) == 2, output_of(result)
     assert re.search(r"Img/sec per rank: [\d.]+ \+- [\d.]+", result.stdout), output_of(result)
     assert len(re.findall(r"Total img/sec on 2 rank\(s\): [\d.]+ \+- [\d.]+", result.stdout)) == 1, output_of(result)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_hybrid_parallel_example_learns_with_2_stages_times_2_replicas(mpi_job):
+    result = mpi_job(4, [sys.executable, "examples/pytorch_hybrid_parallel.py", "--epochs", "4"], timeout=180)
+    assert result.returncode == 0, output_of(result)
+    accuracies = [float(a) for a in re.findall(r"test accuracy ([\d.]+)", result.stdout)]
+    assert len(accuracies) == 4, output_of(result)  # rank 0 alone prints, once per epoch
+    assert accuracies[-1] > 0.9, output_of(result)
+
+
+@pytest.mark.timeout(150)
+def test_tensor_parallel_example_learns_and_equals_the_unsplit_model(mpi_job):
+    result = mpi_job(2, [sys.executable, "examples/pytorch_tensor_parallel.py", "--epochs", "3"], timeout=120)
+    assert result.returncode == 0, output_of(result)
+    accuracy = float(re.search(r"test accuracy ([\d.]+)", result.stdout).group(1))
+    gap = float(re.search(r"unsplit model trained alone: ([\d.e+-]+)", result.stdout).group(1))
+    assert accuracy > 0.9 and gap < 1e-4, output_of(result)
