@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 from ..engine import collectives, runtime
+from ..engine.process_sets import global_process_set, set_runtime
 
 __all__ = [
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
@@ -13,16 +14,17 @@ __all__ = [
 ]
 
 
-def broadcast_variables(variables, root_rank=0, prefix="variable"):
-    """Overwrite every rank's Keras variables with `root_rank`'s values.
+def broadcast_variables(variables, root_rank=0, prefix="variable", process_set=None):
+    """Overwrite the Keras variables of every rank (of `process_set`) with `root_rank`'s values.
 
     Variables are named by their path, so ranks whose models differ (another layer, another
     shape) get a TensorMismatchError naming the variable on every rank, never a hang."""
+    set_runtime(process_set, "broadcast_variables()")  # a rank outside the set: its ValueError first
     handles = []
     for index, variable in enumerate(variables):
         name = f"{prefix}.{index}.{_stable_path(variable)}"
         value = np.array(keras.ops.convert_to_numpy(variable), order="C")  # keeps 0-d shapes
-        handles.append((variable, collectives.broadcast_async(value, root_rank, name)))
+        handles.append((variable, collectives.broadcast_async(value, root_rank, name, process_set)))
     for variable, handle in handles:
         variable.assign(handle.wait())
 
@@ -37,36 +39,43 @@ def _stable_path(variable) -> str:
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, give every rank `root_rank`'s model and optimizer variables
     (the optimizer is built first if it has not created its variables yet), so that ranks
-    that initialised differently train one model. `device` is accepted for Horovod's
-    signature; hvdplus broadcasts from host memory."""
+    that initialised differently train one model. With `process_set`, only that set's ranks
+    take the values of `root_rank` (a job rank in the set); a rank outside it gets a
+    ValueError. `device` is accepted for Horovod's signature; hvdplus broadcasts from host
+    memory."""
 
-    def __init__(self, root_rank=0, device=""):
+    def __init__(self, root_rank=0, device="", process_set=global_process_set):
         super().__init__()
         self.root_rank = root_rank
+        self.process_set = process_set
 
     def on_train_begin(self, logs=None):
-        broadcast_variables(self.model.variables, self.root_rank, "model")
+        broadcast_variables(self.model.variables, self.root_rank, "model", self.process_set)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None:
             if not optimizer.built:
                 optimizer.build(self.model.trainable_variables)
-            broadcast_variables(optimizer.variables, self.root_rank, "optimizer")
+            broadcast_variables(optimizer.variables, self.root_rank, "optimizer", self.process_set)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
     """Replace each epoch's logs by their average over ranks. Put it first in `callbacks`,
     so EarlyStopping, ReduceLROnPlateau and ModelCheckpoint decide the same on every rank.
-    `device` is accepted for Horovod's signature; the logs are averaged on the host."""
+    With `process_set`, the average is over that set's ranks (a rank outside it gets a
+    ValueError). `device` is accepted for Horovod's signature; the logs are averaged on the
+    host."""
 
-    def __init__(self, device=""):
+    def __init__(self, device="", process_set=global_process_set):
         super().__init__()
+        self.process_set = process_set
 
     def on_epoch_end(self, epoch, logs=None):
-        if not logs or runtime.size() == 1:
+        if set_runtime(self.process_set, "MetricAverageCallback").topology.size == 1 or not logs:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
         values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
-        averaged = collectives.allreduce(values, name=f"metric_average.{epoch}.{','.join(keys)}")
+        averaged = collectives.allreduce(values, name=f"metric_average.{epoch}.{','.join(keys)}",
+                                         process_set=self.process_set)
         for key, value in zip(keys, averaged):
             logs[key] = float(value)
 

@@ -5,6 +5,10 @@ backends (model.fit, custom loops, `apply_gradients`), so overriding it sees the
 wherever they come from. The wrapped optimizer is an instance of a subclass of the user's
 optimizer class that keeps its name and configuration, so `model.save` writes the plain
 optimizer and `hvdplus.keras.load_model` wraps it again.
+
+With `process_set=`, gradients are averaged over the ranks of that set alone (disjoint sets
+train replica groups of their own); as in Horovod, a rank outside the set applies its own
+gradients, not reduced.
 """
 
 import weakref
@@ -12,6 +16,7 @@ import weakref
 from ..common.reduce_ops import Average
 from ..common.scaling import Reduction, gradient_reduction
 from ..engine import runtime
+from ..engine.process_sets import ProcessSet, global_process_set
 from .compression import Compression
 from .mpi_ops import allreduce_gradients
 
@@ -25,9 +30,16 @@ class _DistributedOptimizer:
 
     _hvdplus_reduction = Reduction(Average)
     _hvdplus_compression = Compression.none
+    _hvdplus_process_set = None  # the whole job
 
     def _hvdplus_configure(self, op, backward_passes_per_step, average_aggregated_gradients,
-                           gradient_predivide_factor, compression=None):
+                           gradient_predivide_factor, compression=None, process_set=None):
+        if process_set is not None and not isinstance(process_set, ProcessSet):
+            raise TypeError(f"DistributedOptimizer: process_set must be an hvdplus ProcessSet, "
+                            f"got {type(process_set).__name__}")
+        if not _is_global(process_set):
+            process_set.size()  # ValueError now for a set that has not been added
+        self._hvdplus_process_set = None if _is_global(process_set) else process_set
         self._hvdplus_compression = compression or Compression.none
         self._hvdplus_options = (op, gradient_predivide_factor, backward_passes_per_step, average_aggregated_gradients)
         if backward_passes_per_step > 1:
@@ -39,10 +51,21 @@ class _DistributedOptimizer:
             self._hvdplus_detach_from_reforms = runtime.on_reform(
                 lambda: this() is not None and this()._hvdplus_scale_to_size())
 
+    def _hvdplus_size(self) -> int:
+        """How many ranks average the gradients: the job's, or the process set's."""
+        process_set = self._hvdplus_process_set
+        return runtime.size() if process_set is None else process_set.size()
+
+    def _hvdplus_reduces(self) -> bool:
+        """Whether this rank all-reduces its gradients: with others, in its process set."""
+        process_set = self._hvdplus_process_set
+        return self._hvdplus_size() > 1 and (process_set is None or process_set.included())
+
     def _hvdplus_scale_to_size(self):
-        """The reduction for the job's size (gradient_predivide_factor divides by it)."""
+        """The reduction for the size of the job or process set (gradient_predivide_factor
+        divides by it)."""
         op, gradient_predivide_factor, backward_passes_per_step, average_aggregated_gradients = self._hvdplus_options
-        reduction = gradient_reduction(op, gradient_predivide_factor, runtime.size())
+        reduction = gradient_reduction(op, gradient_predivide_factor, self._hvdplus_size())
         if backward_passes_per_step > 1 and not average_aggregated_gradients:
             # Keras' own accumulation averages the passes; Horovod's default sums them.
             reduction = reduction._replace(postscale=reduction.postscale * backward_passes_per_step)
@@ -50,14 +73,19 @@ class _DistributedOptimizer:
 
     def apply(self, grads, trainable_variables=None):
         variables = trainable_variables if trainable_variables is not None else self._trainable_variables
-        if runtime.size() > 1:
+        if self._hvdplus_reduces():
             op, prescale, postscale = self._hvdplus_reduction
             compression = self._hvdplus_compression
             # Without compression a gradient stays the very tensor (torch's .grad, reduced in place).
             wires = [(None, None) if g is None else compression.compress(g) for g in grads]
-            reduced = allreduce_gradients([wire for wire, _ in wires], list(variables), op, prescale, postscale)
+            reduced = allreduce_gradients([wire for wire, _ in wires], list(variables), op, prescale, postscale,
+                                          self._hvdplus_process_set)
             grads = [r if r is None else compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
         return super().apply(grads, trainable_variables)
+
+
+def _is_global(process_set) -> bool:
+    return process_set is None or process_set.process_set_id == 0
 
 
 def distributed_class(optimizer_class):
@@ -74,7 +102,7 @@ def distributed_class(optimizer_class):
 
 def DistributedOptimizer(optimizer, compression=None, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, gradient_predivide_factor=1.0,
-                         sparse_as_dense=False):
+                         sparse_as_dense=False, process_set=global_process_set):
     """Wrap a Keras 3 optimizer so that the gradients it applies are all-reduced first.
 
     Args:
@@ -87,8 +115,10 @@ def DistributedOptimizer(optimizer, compression=None, op=Average, backward_passe
             or sum them (False, as Horovod).
         gradient_predivide_factor: with Average, divide by f before the sum and by size/f after.
         sparse_as_dense: accepted for Horovod compatibility; Keras 3 hands dense gradients.
+        process_set: the ranks whose gradients are averaged (the scale is from its size); the
+            whole job by default. A rank outside the set applies its own gradients.
     """
     wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
     wrapped._hvdplus_configure(op, backward_passes_per_step, average_aggregated_gradients,
-                               gradient_predivide_factor, compression)
+                               gradient_predivide_factor, compression, process_set)
     return wrapped

@@ -17,3 +17,4 @@ from .mpi_ops import (
     reducescatter,
 )
 from .optimizer import DistributedOptimizer
+from .p2p import recv, send

@@ -12,25 +12,32 @@ Names: every rank traces the same code, so an unnamed collective in a graph is n
 it is traced, after its op's place in the graph (`hvdplus_allreduce_2`). A retrace gives
 the same names, however often each rank retraces (a last, shorter batch on one rank only).
 Eagerly, unnamed collectives are numbered by call order, as the core numbers them
-(`allreduce.7`).
+(`allreduce.7`), per process set: a set's collectives leave the job's numbering alone.
 """
 
 import tensorflow as tf
 
-from ..engine import runtime
+from ..engine.process_sets import set_runtime
 
 __all__ = ["collective_name", "what", "as_tensor", "run_on_host"]
 
 
-def collective_name(kind: str, name=None) -> str:
-    """`name`; else eagerly the core's next name for `kind` (`allreduce.7`), in a graph a
-    name unique in it (`hvdplus_allreduce_2`)."""
-    live = runtime.current(f"{kind}()")  # NotInitializedError now, not when a graph runs
+def collective_name(kind: str, name=None, process_set=None) -> str:
+    """`name`; else eagerly the core's next name for `kind` (`allreduce.7`) in `process_set`
+    (None: the job), in a graph a name unique in it (`hvdplus_allreduce_2`, or for process
+    set 3 `hvdplus_set3_allreduce_2`).
+
+    NotInitializedError, and the core's ValueError for a set that does not include this
+    rank, are raised here: when the call is made or traced, not when a graph runs."""
+    live = set_runtime(process_set, f"{kind}()")
     if name is not None:
         return str(name)
     if tf.executing_eagerly():
         return live.name_for(kind, None)
-    return tf.compat.v1.get_default_graph().unique_name(f"hvdplus_{kind}")
+    # Numbered apart per set, so that ranks whose graphs hold other sets' collectives (one
+    # set's ranks trace other code than another's) still agree on the job's names.
+    scope = "hvdplus" if live.is_job else f"hvdplus_set{process_set.process_set_id}"
+    return tf.compat.v1.get_default_graph().unique_name(f"{scope}_{kind}")
 
 
 def what(kind: str, name) -> str:

@@ -11,34 +11,52 @@ densified first with sparse_as_dense=True. Eagerly every call uses the same name
 the first step the engine's response cache knows it; in a tf.function the op is named
 when traced. Gradients that are None (variables the loss does not use) stay None and are
 not sent: every rank must have the same ones.
+
+With `process_set=`, gradients are averaged over the ranks of that set alone (several
+disjoint sets can each train a replica group of their own); as in Horovod, a rank outside
+the set gets its own gradients back, not reduced.
 """
 
 import tensorflow as tf
 
 from ..common.reduce_ops import Average, Sum, as_reduce_op
 from ..common.scaling import gradient_reduction
-from ..engine import runtime
+from ..engine.process_sets import ProcessSet, global_process_set, set_runtime
 from .compression import Compression
 from .mpi_ops import grouped_allreduce
 
 __all__ = ["DistributedGradientTape"]
 
 
+def _outside(process_set) -> bool:
+    """Whether `process_set` is an added set that does not include this rank."""
+    return isinstance(process_set, ProcessSet) and process_set.process_set_id != 0 and not process_set.included()
+
+
 class _DistributedGradientTape:
     """Mixed in before the wrapped tape's class, so the result is still that kind of tape."""
 
-    def _hvdplus_setup(self, compression, sparse_as_dense, op, gradient_predivide_factor):
+    def _hvdplus_setup(self, compression, sparse_as_dense, op, gradient_predivide_factor, process_set):
         op = as_reduce_op(op)
         if op not in (Average, Sum):
             raise ValueError(f"DistributedGradientTape takes op Average or Sum, got {op.label}")
-        self._reduction = gradient_reduction(op, gradient_predivide_factor, runtime.size())
+        # Outside the set there is nothing to reduce with (Horovod's tape leaves such a rank's
+        # gradients as they are); inside it, Average and the predivide factor use its size.
+        self._process_set = process_set
+        self._reduces = not _outside(process_set)
+        if self._reduces:
+            size = set_runtime(process_set, "DistributedGradientTape").topology.size
+            self._reduction = gradient_reduction(op, gradient_predivide_factor, size)
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
 
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
-        """The wrapped tape's gradients, all-reduced over every rank; same structure as `sources`."""
+        """The wrapped tape's gradients, all-reduced over every rank of the process set; same
+        structure as `sources`."""
         gradients = super().gradient(target, sources, output_gradients, unconnected_gradients)
+        if not self._reduces:
+            return gradients
         flat = tf.nest.flatten(gradients)
         present = [index for index, grad in enumerate(flat) if grad is not None]
         if not present:
@@ -49,14 +67,14 @@ class _DistributedGradientTape:
         op, prescale, postscale = self._reduction
         name = "DistributedGradientTape" if tf.executing_eagerly() else None
         reduced = grouped_allreduce(grads, compression=self._compression, op=op, prescale_factor=prescale,
-                                    postscale_factor=postscale, name=name)
+                                    postscale_factor=postscale, name=name, process_set=self._process_set)
         for index, grad in zip(present, reduced):
             flat[index] = grad
         return tf.nest.pack_sequence_as(gradients, flat)
 
 
 def DistributedGradientTape(gradtape, compression=Compression.none, sparse_as_dense=False, op=Average,
-                            gradient_predivide_factor=1.0):
+                            gradient_predivide_factor=1.0, process_set=global_process_set):
     """Wrap `gradtape` (recorded or not yet entered) so that `gradient()` all-reduces.
 
     Args:
@@ -65,9 +83,11 @@ def DistributedGradientTape(gradtape, compression=Compression.none, sparse_as_de
         sparse_as_dense: densify IndexedSlices gradients instead of allgathering them.
         op: Average (default) or Sum over ranks.
         gradient_predivide_factor: with Average, divide by f before the sum and by size/f after.
+        process_set: the ranks whose gradients are averaged (size is the set's); the whole
+            job by default. On a rank outside the set, `gradient()` is the wrapped tape's.
     """
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(gradtape.__dict__)
-    wrapped._hvdplus_setup(compression, sparse_as_dense, op, gradient_predivide_factor)
+    wrapped._hvdplus_setup(compression, sparse_as_dense, op, gradient_predivide_factor, process_set)
     return wrapped

@@ -9,6 +9,11 @@ gradients, so a model may call them in its forward pass:
     alltoall                       the upstream rows sent back where they came from
     reducescatter                  the upstream blocks allgathered (Sum, Average)
 
+Each takes `process_set=` (hvdplus.ProcessSet; the whole job by default): the collective, and
+its gradient, run over the ranks of that set only, which must all call it; ranks (broadcast
+roots, join's answer) are job ranks, as in Horovod. A rank outside the set gets the core's
+ValueError when it calls the collective, or when tf.function traces it.
+
 tf.IndexedSlices (the gradients of tf.gather and of embeddings) are all-reduced as Horovod
 does: every rank's values and indices are gathered, and repeated indices add up where the
 slices are applied. Inside a graph an error (a mismatch between ranks, a bad argument)
@@ -22,6 +27,7 @@ import tensorflow as tf
 from ..common.reduce_ops import Average, Sum, as_reduce_op, reduce_op_from
 from ..common.scaling import Reduction
 from ..engine import collectives, runtime
+from ..engine.process_sets import global_process_set, set_runtime
 from .buffers import as_tensor, collective_name, run_on_host, what
 from .compression import Compression
 
@@ -31,12 +37,13 @@ __all__ = [
 ]
 
 
-def _fail_everywhere(error, submitted, dtype=tf.float32):
-    """Raise `error`, found on this rank, on every rank: eagerly now, in a graph when this op
-    runs, where the other ranks run the collectives `submitted` ((kind, name) pairs) names."""
+def _fail_everywhere(error, submitted, process_set, dtype=tf.float32):
+    """Raise `error`, found on this rank, on every rank of `process_set`: eagerly now, in a
+    graph when this op runs, where the other ranks run the collectives `submitted` ((kind,
+    name) pairs) names."""
 
     def fail():
-        handles = [collectives.input_error_async(kind, name, error) for kind, name in submitted]
+        handles = [collectives.input_error_async(kind, name, error, process_set) for kind, name in submitted]
         for handle in handles:
             handle.wait()
 
@@ -57,6 +64,11 @@ def _check_differentiable(kind, op):
         raise RuntimeError(f"{kind} with op {op.label} has no gradient; use Sum or Average")
 
 
+def _set_size(process_set) -> int:
+    """How many ranks `process_set` has (the job's for the global set)."""
+    return set_runtime(process_set, "process_set.size()").topology.size
+
+
 def _rows_shape(shape: tf.TensorShape) -> tf.TensorShape:
     """`shape` with its first dimension unknown (unknown altogether for scalars)."""
     if shape.rank is None or shape.rank == 0:
@@ -65,27 +77,27 @@ def _rows_shape(shape: tf.TensorShape) -> tf.TensorShape:
 
 
 # -- all-reduce ---------------------------------------------------------------------------
-def _host_allreduce(tensor, name, op, prescale, postscale):
+def _host_allreduce(tensor, name, op, prescale, postscale, process_set):
     def reduce(array):
-        return [collectives.allreduce(array, op, prescale, postscale, name)]
+        return [collectives.allreduce(array, op, prescale, postscale, name, process_set)]
 
     return run_on_host(reduce, [tensor], [tensor.dtype], [tensor.shape])[0]
 
 
-def _allreduce(tensor, name, op, prescale, postscale):
+def _allreduce(tensor, name, op, prescale, postscale, process_set):
     @tf.custom_gradient
     def reduce(x):
         def grad(upstream):
             _check_differentiable("allreduce", op)
-            return _allreduce(upstream, f"{name}.grad", op, prescale, postscale)
+            return _allreduce(upstream, f"{name}.grad", op, prescale, postscale, process_set)
 
-        return _host_allreduce(x, name, op, prescale, postscale), grad
+        return _host_allreduce(x, name, op, prescale, postscale, process_set), grad
 
     return reduce(tensor)
 
 
 def allreduce(tensor, average=None, compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, name=None):
+              postscale_factor=1.0, name=None, process_set=global_process_set):
     """`tensor` reduced over all ranks (Average by default): `postscale * reduce(prescale * x)`.
 
     Args:
@@ -97,22 +109,24 @@ def allreduce(tensor, average=None, compression=Compression.none, op=None, presc
         postscale_factor: multiplies the result after it.
         name: the name every rank gives this collective (default: eagerly one by call order, in
             a graph one by the op's place in it).
+        process_set: the ranks that reduce (Average divides by its size); the whole job by default.
     """
-    name = collective_name("allreduce", name)
+    name = collective_name("allreduce", name, process_set)
     if isinstance(tensor, tf.IndexedSlices):
-        return grouped_allreduce([tensor], average, compression, op, prescale_factor, postscale_factor, name)[0]
+        return grouped_allreduce([tensor], average, compression, op, prescale_factor, postscale_factor, name,
+                                 process_set)[0]
     try:
         op = as_reduce_op(reduce_op_from(average, op))
         tensor = as_tensor(tensor, what("allreduce", name))
     except (TypeError, ValueError) as error:
-        return _fail_everywhere(error, [("allreduce", name)])
+        return _fail_everywhere(error, [("allreduce", name)], process_set)
     wire, ctx = compression.compress(tensor)
-    return compression.decompress(_allreduce(wire, name, op, prescale_factor, postscale_factor), ctx)
+    return compression.decompress(_allreduce(wire, name, op, prescale_factor, postscale_factor, process_set), ctx)
 
 
-def _slices_scale(name, op, prescale, postscale, slices):
+def _slices_scale(name, op, prescale, postscale, slices, process_set):
     """The factor gathered IndexedSlices values take; ValueError when they cannot take it."""
-    scale = Reduction(op, prescale, postscale).factor(runtime.size())
+    scale = Reduction(op, prescale, postscale).factor(_set_size(process_set))
     for piece in slices:
         if op not in (Average, Sum):
             raise ValueError(f"{what('allreduce', name)}: IndexedSlices take op Sum or Average, not {op.label}")
@@ -122,10 +136,10 @@ def _slices_scale(name, op, prescale, postscale, slices):
     return scale
 
 
-def _reduce_group(dense, slices, name, op, prescale, postscale):
+def _reduce_group(dense, slices, name, op, prescale, postscale, process_set):
     """One host op: `dense` all-reduced as one fused group, and every IndexedSlices' values
     and indices allgathered. Returns (reduced tensors, gathered IndexedSlices)."""
-    scale = _slices_scale(name, op, prescale, postscale, slices)
+    scale = _slices_scale(name, op, prescale, postscale, slices, process_set)
     count = len(dense)
     gather_names = [gather_name for _, gather_name in _group_names(name, slices)]
     inputs = list(dense)
@@ -133,8 +147,9 @@ def _reduce_group(dense, slices, name, op, prescale, postscale):
         inputs += [piece.values, piece.indices]
 
     def reduce(*arrays):
-        group = collectives.grouped_allreduce_async(arrays[:count], name, op, prescale, postscale) if count else None
-        gathers = [collectives.allgather_async(array, gather_name)
+        group = (collectives.grouped_allreduce_async(arrays[:count], name, op, prescale, postscale,
+                                                     process_set=process_set) if count else None)
+        gathers = [collectives.allgather_async(array, gather_name, process_set)
                    for array, gather_name in zip(arrays[count:], gather_names)]
         return (group.wait() if count else []) + [gather.wait() for gather in gathers]
 
@@ -149,23 +164,23 @@ def _reduce_group(dense, slices, name, op, prescale, postscale):
     return outputs[:count], gathered
 
 
-def _grouped_allreduce(tensors, name, op, prescale, postscale):
+def _grouped_allreduce(tensors, name, op, prescale, postscale, process_set):
     @tf.custom_gradient
     def reduce(*xs):
         def grad(*upstream):
             _check_differentiable("grouped_allreduce", op)
-            return _grouped_allreduce(list(upstream), f"{name}.grad", op, prescale, postscale)
+            return _grouped_allreduce(list(upstream), f"{name}.grad", op, prescale, postscale, process_set)
 
-        return _reduce_group(list(xs), [], name, op, prescale, postscale)[0], grad
+        return _reduce_group(list(xs), [], name, op, prescale, postscale, process_set)[0], grad
 
     return reduce(*tensors)
 
 
 def grouped_allreduce(tensors, average=None, compression=Compression.none, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, name=None):
+                      postscale_factor=1.0, name=None, process_set=global_process_set):
     """All-reduce `tensors` in one host op: the dense ones as one fused group (differentiable
     when all are dense), IndexedSlices by allgather. Arguments as in allreduce; returns a list."""
-    name = collective_name("grouped_allreduce", name)
+    name = collective_name("grouped_allreduce", name, process_set)
     tensors = list(tensors)
     if not tensors:
         return []
@@ -174,15 +189,15 @@ def grouped_allreduce(tensors, average=None, compression=Compression.none, op=No
         tensors = [t if isinstance(t, tf.IndexedSlices) else as_tensor(t, what("grouped_allreduce", name))
                    for t in tensors]
         slices = [t for t in tensors if isinstance(t, tf.IndexedSlices)]
-        _slices_scale(name, op, prescale_factor, postscale_factor, slices)
+        _slices_scale(name, op, prescale_factor, postscale_factor, slices, process_set)
     except (TypeError, ValueError) as error:
-        return [_fail_everywhere(error, _group_names(name, tensors))] * len(tensors)
+        return [_fail_everywhere(error, _group_names(name, tensors), process_set)] * len(tensors)
     dense = [(i, compression.compress(t)) for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     wires = [wire for _, (wire, _) in dense]
     if slices:
-        reduced, gathered = _reduce_group(wires, slices, name, op, prescale_factor, postscale_factor)
+        reduced, gathered = _reduce_group(wires, slices, name, op, prescale_factor, postscale_factor, process_set)
     else:
-        reduced, gathered = _grouped_allreduce(wires, name, op, prescale_factor, postscale_factor), []
+        reduced, gathered = _grouped_allreduce(wires, name, op, prescale_factor, postscale_factor, process_set), []
     results = [None] * len(tensors)
     for (i, (_, ctx)), value in zip(dense, reduced):
         results[i] = compression.decompress(value, ctx)
@@ -192,164 +207,170 @@ def grouped_allreduce(tensors, average=None, compression=Compression.none, op=No
 
 
 # -- allgather ----------------------------------------------------------------------------
-def _host_allgather(tensor, name):
+def _host_allgather(tensor, name, process_set):
     def gather(array):
-        return [collectives.allgather(array, name)]
+        return [collectives.allgather(array, name, process_set)]
 
     return run_on_host(gather, [tensor], [tensor.dtype], [_rows_shape(tensor.shape)])[0]
 
 
-def _allgather(tensor, name):
+def _allgather(tensor, name, process_set):
     @tf.custom_gradient
     def gather(x):
         def grad(upstream):
-            summed = _allreduce(upstream, f"{name}.grad", Sum, 1.0, 1.0)
-            rows = _host_allgather(tf.shape(x, out_type=tf.int64)[:1], f"{name}.grad.rows")
-            rank = runtime.rank()
+            summed = _allreduce(upstream, f"{name}.grad", Sum, 1.0, 1.0, process_set)
+            rows = _host_allgather(tf.shape(x, out_type=tf.int64)[:1], f"{name}.grad.rows", process_set)
+            rank = set_runtime(process_set, "allgather()").topology.rank  # this rank's place in the set
             start = tf.reduce_sum(rows[:rank])
             return summed[start:start + rows[rank]]
 
-        return _host_allgather(x, name), grad
+        return _host_allgather(x, name, process_set), grad
 
     return gather(tensor)
 
 
-def allgather(tensor, name=None):
-    """Every rank's `tensor` concatenated along the first dimension, which may differ per rank."""
-    name = collective_name("allgather", name)
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Every rank's `tensor` concatenated along the first dimension, which may differ per
+    rank, in the order of the ranks of `process_set`."""
+    name = collective_name("allgather", name, process_set)
     try:
         tensor = as_tensor(tensor, what("allgather", name))
     except TypeError as error:
-        return _fail_everywhere(error, [("allgather", name)])
-    return _allgather(tensor, name)
+        return _fail_everywhere(error, [("allgather", name)], process_set)
+    return _allgather(tensor, name, process_set)
 
 
-def grouped_allgather(tensors, name=None):
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgather each of `tensors` (named `name.0`, `name.1`...); returns a list."""
-    base = collective_name("grouped_allgather", name)
-    return [allgather(tensor, f"{base}.{index}") for index, tensor in enumerate(tensors)]
+    base = collective_name("grouped_allgather", name, process_set)
+    return [allgather(tensor, f"{base}.{index}", process_set) for index, tensor in enumerate(tensors)]
 
 
 # -- broadcast ----------------------------------------------------------------------------
-def _host_broadcast(tensor, root_rank, name):
+def _host_broadcast(tensor, root_rank, name, process_set):
     def give(array):
-        return [collectives.broadcast(array, root_rank, name)]
+        return [collectives.broadcast(array, root_rank, name, process_set)]
 
     return run_on_host(give, [tensor], [tensor.dtype], [tensor.shape])[0]
 
 
-def _broadcast(tensor, root_rank, name):
+def _broadcast(tensor, root_rank, name, process_set):
     @tf.custom_gradient
     def give(x):
         def grad(upstream):
-            summed = _allreduce(upstream, f"{name}.grad", Sum, 1.0, 1.0)
-            return summed if runtime.rank() == root_rank else tf.zeros_like(summed)
+            summed = _allreduce(upstream, f"{name}.grad", Sum, 1.0, 1.0, process_set)
+            return summed if runtime.rank() == root_rank else tf.zeros_like(summed)  # job ranks both
 
-        return _host_broadcast(x, root_rank, name), grad
+        return _host_broadcast(x, root_rank, name, process_set), grad
 
     return give(tensor)
 
 
-def broadcast(tensor, root_rank, name=None):
-    """`root_rank`'s `tensor` on every rank (the others' give only shape and dtype)."""
-    name = collective_name("broadcast", name)
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """`root_rank`'s `tensor` on every rank of `process_set` (the others' give only shape
+    and dtype); `root_rank` is a job rank, which must belong to the set."""
+    name = collective_name("broadcast", name, process_set)
     try:
         tensor = as_tensor(tensor, what("broadcast", name))
     except TypeError as error:
-        return _fail_everywhere(error, [("broadcast", name)])
-    return _broadcast(tensor, root_rank, name)
+        return _fail_everywhere(error, [("broadcast", name)], process_set)
+    return _broadcast(tensor, root_rank, name, process_set)
 
 
 # -- alltoall and reducescatter ------------------------------------------------------------
-def _host_alltoall(tensor, splits, name):
+def _host_alltoall(tensor, splits, name, process_set):
     def exchange(array, *given):
-        received, counts = collectives.alltoall(array, given[0] if given else None, name)
+        received, counts = collectives.alltoall(array, given[0] if given else None, name, process_set)
         return [received, np.asarray(counts, dtype=np.int32)]
 
     inputs = [tensor] + ([splits] if splits is not None else [])
     return run_on_host(exchange, inputs, [tensor.dtype, tf.int32],
-                       [_rows_shape(tensor.shape), tf.TensorShape([runtime.size()])])
+                       [_rows_shape(tensor.shape), tf.TensorShape([_set_size(process_set)])])
 
 
-def _alltoall(tensor, splits, name):
+def _alltoall(tensor, splits, name, process_set):
     @tf.custom_gradient
     def exchange(x):
-        received, received_splits = _host_alltoall(x, splits, name)
+        received, received_splits = _host_alltoall(x, splits, name, process_set)
 
         def grad(upstream, _):
-            return _alltoall(upstream, received_splits, f"{name}.grad")[0]
+            return _alltoall(upstream, received_splits, f"{name}.grad", process_set)[0]
 
         return (received, received_splits), grad
 
     return exchange(tensor)
 
 
-def alltoall(tensor, splits=None, name=None):
-    """Rows `splits[r]` of `tensor` go to rank r (an even split when None).
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Rows `splits[r]` of `tensor` go to the r-th rank of `process_set` (an even split when
+    None).
 
     Returns the rows received from every rank, in rank order; as in Horovod, with `splits`
     given, (those rows, int32 rows received from each rank)."""
-    name = collective_name("alltoall", name)
+    name = collective_name("alltoall", name, process_set)
     try:
         tensor = as_tensor(tensor, what("alltoall", name))
         if splits is not None:
             splits = as_tensor(splits, f"{what('alltoall', name)} splits")
     except TypeError as error:
-        received = _fail_everywhere(error, [("alltoall", name)])
-        received_splits = tf.zeros([runtime.size()], tf.int32)
+        received = _fail_everywhere(error, [("alltoall", name)], process_set)
+        received_splits = tf.zeros([_set_size(process_set)], tf.int32)
     else:
-        received, received_splits = _alltoall(tensor, splits, name)
+        received, received_splits = _alltoall(tensor, splits, name, process_set)
     return received if splits is None else (received, received_splits)
 
 
-def _host_reducescatter(tensor, name, op, prescale, postscale):
+def _host_reducescatter(tensor, name, op, prescale, postscale, process_set):
     def scatter(array):
-        return [collectives.reducescatter(array, op, prescale, postscale, name)]
+        return [collectives.reducescatter(array, op, prescale, postscale, name, process_set)]
 
     return run_on_host(scatter, [tensor], [tensor.dtype], [_rows_shape(tensor.shape)])[0]
 
 
-def _reducescatter(tensor, name, op, prescale, postscale):
+def _reducescatter(tensor, name, op, prescale, postscale, process_set):
     @tf.custom_gradient
     def scatter(x):
         def grad(upstream):
             _check_differentiable("reducescatter", op)
-            gathered = _allgather(upstream, f"{name}.grad")
-            scale = prescale * postscale / (runtime.size() if op == Average else 1)
+            gathered = _allgather(upstream, f"{name}.grad", process_set)
+            scale = Reduction(op, prescale, postscale).factor(_set_size(process_set))
             return gathered * tf.cast(scale, gathered.dtype) if scale != 1.0 else gathered
 
-        return _host_reducescatter(x, name, op, prescale, postscale), grad
+        return _host_reducescatter(x, name, op, prescale, postscale, process_set), grad
 
     return scatter(tensor)
 
 
 def reducescatter(tensor, compression=Compression.none, op=Average, name=None, prescale_factor=1.0,
-                  postscale_factor=1.0):
-    """`tensor` reduced over ranks, of which rank r keeps block r of the rows (the first
-    `rows % size` ranks one row more)."""
-    name = collective_name("reducescatter", name)
+                  postscale_factor=1.0, process_set=global_process_set):
+    """`tensor` reduced over the ranks of `process_set`, of which the r-th keeps block r of
+    the rows (the first `rows % size` ranks one row more)."""
+    name = collective_name("reducescatter", name, process_set)
     try:
         op = as_reduce_op(op)
         tensor = as_tensor(tensor, what("reducescatter", name))
     except (TypeError, ValueError) as error:
-        return _fail_everywhere(error, [("reducescatter", name)])
+        return _fail_everywhere(error, [("reducescatter", name)], process_set)
     wire, ctx = compression.compress(tensor)
-    return compression.decompress(_reducescatter(wire, name, op, prescale_factor, postscale_factor), ctx)
+    return compression.decompress(_reducescatter(wire, name, op, prescale_factor, postscale_factor, process_set),
+                                  ctx)
 
 
 # -- join and barrier ------------------------------------------------------------------------
-def join():
-    """This rank is out of data (see hvdplus.join); returns the last rank to join, as an
-    int32 scalar tensor."""
-    return run_on_host(lambda: [np.int32(collectives.join())], [], [tf.int32], [tf.TensorShape([])])[0]
+def join(process_set=global_process_set):
+    """This rank is out of data (see hvdplus.join); returns the last rank (a job rank) of
+    `process_set` to join, as an int32 scalar tensor."""
+    set_runtime(process_set, "join()")  # a rank outside the set: ValueError now, not when a graph runs
+    return run_on_host(lambda: [np.int32(collectives.join(process_set))], [], [tf.int32], [tf.TensorShape([])])[0]
 
 
-def barrier():
-    """Wait until every rank has reached this barrier (in a graph: when its op runs)."""
-    name = collective_name("barrier")
+def barrier(process_set=global_process_set):
+    """Wait until every rank of `process_set` has reached this barrier (in a graph: when
+    its op runs)."""
+    name = collective_name("barrier", None, process_set)
 
     def wait():
-        collectives.barrier(name)
+        collectives.barrier(name, process_set)
         return []
 
     run_on_host(wait, [], [], [])

@@ -9,6 +9,7 @@ no Keras."""
 import importlib
 
 from ..common.reduce_ops import Average
+from ..engine.process_sets import global_process_set
 from .compression import Compression
 
 __all__ = ["DistributedOptimizer"]
@@ -16,11 +17,13 @@ __all__ = ["DistributedOptimizer"]
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
-                         op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False):
+                         op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                         process_set=global_process_set):
     """Wrap a tf.keras (Keras 3) optimizer so that the gradients it applies are all-reduced.
 
     Horovod's argument order; `name`, `use_locking`, `device_dense` and `device_sparse` are
-    accepted for it and mean nothing here. The rest are hvdplus.keras.DistributedOptimizer's.
+    accepted for it and mean nothing here. The rest are hvdplus.keras.DistributedOptimizer's,
+    `process_set` included (gradients averaged over that set's ranks).
     """
     import keras
 
@@ -34,4 +37,5 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     return keras_distributed_optimizer(
         optimizer, compression=compression, op=op, backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients,
-        gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense)
+        gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
+        process_set=process_set)

@@ -13,6 +13,17 @@ hvd.init()
 collect_ignore = ["keras"]
 
 
+@pytest.fixture(scope="module")
+def even_and_odd_sets():
+    """(this rank's set, the other set) of the even and the odd ranks: added for the module
+    that asks for them on every rank, then removed."""
+    evens = hvd.add_process_set(range(0, hvd.size(), 2))
+    odds = hvd.add_process_set(range(1, hvd.size(), 2))
+    yield (evens, odds) if hvd.rank() % 2 == 0 else (odds, evens)
+    hvd.remove_process_set(odds)
+    hvd.remove_process_set(evens)
+
+
 @pytest.fixture
 def rank():
     return hvd.rank()

@@ -1,8 +1,9 @@
 """The gradient all-reduce of each Keras backend, run inside that backend's training step.
 
 Each module has `grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor,
-name)`: the step's present gradients (what that backend hands the optimizer) and their
-variables in; the all-reduced gradients out, in that backend's kind of tensor.
+name, process_set)`: the step's present gradients (what that backend hands the optimizer)
+and their variables in; the gradients all-reduced over `process_set` (None: the job) out,
+in that backend's kind of tensor.
 """
 
 import importlib

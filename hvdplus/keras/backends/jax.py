@@ -18,7 +18,7 @@ from jax.experimental import io_callback
 from ...engine import collectives
 
 
-def grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor, name):
+def grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor, name, process_set=None):
     packed_dtype = jnp.result_type(*tensors)
     packed = jnp.concatenate([jnp.ravel(t).astype(packed_dtype) for t in tensors])
     shapes = [tuple(t.shape) for t in tensors]
@@ -26,7 +26,8 @@ def grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor,
     def reduce_on_host(array):
         reduced = np.empty(array.shape, array.dtype)
         collectives.grouped_allreduce_async(members_of(np.asarray(array), shapes), name, op, prescale_factor,
-                                            postscale_factor, outputs=members_of(reduced, shapes)).wait()
+                                            postscale_factor, outputs=members_of(reduced, shapes),
+                                            process_set=process_set).wait()
         return reduced
 
     reduced = io_callback(reduce_on_host, jax.ShapeDtypeStruct(packed.shape, packed_dtype), packed, ordered=True)
