@@ -68,7 +68,7 @@ _MESSAGE_BYTES = 8192
 _HEADER, _DATA, _ACK = 0, 1, 2
 # Polling backoff while waiting: yield the core at once, then sleep up to this long.
 _SPIN_ROUNDS = 64
-_MAX_PAUSE_S = 0.001
+_MAX_PAUSE_S = 0.0002
 
 
 class _Link:
@@ -427,9 +427,11 @@ def recv_async(array_or_shape: Union[np.ndarray, int, Sequence[int]], src: int, 
         array_or_shape: a C-contiguous, writeable numpy array to receive into, or the shape
             of a new array of `dtype`. The message must have this shape and dtype exactly.
         src: the sending job rank (not this one).
-        tag, process_set, gradient: as in send_async.
+        tag: as in send_async.
         dtype: the new array's dtype (a numpy dtype or its name; default float32); with an
             array, None or the array's own.
+        process_set: as in send_async.
+        gradient: as in send_async.
     """
     link, src, tag = _arguments(src, tag, process_set, "src", "recv")
     array = _receiving_array(array_or_shape, dtype, f"recv from rank {src} with {_tag_text(tag, gradient)}")

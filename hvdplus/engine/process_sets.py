@@ -31,7 +31,9 @@ class ProcessSet:
 
     def __init__(self, ranks: Union[Sequence[int], "object"]):
         self.process_set_id: Optional[int] = None
-        self.ranks: Optional[List[int]] = None if ranks is None else _ranks_of(ranks)
+        # A communicator's ranks are known once hvdplus runs: they are read when it is added.
+        self.mpi_comm = ranks if hasattr(ranks, "Get_group") else None
+        self.ranks: Optional[List[int]] = None if ranks is None or self.mpi_comm else _ranks_of(ranks)
 
     def __repr__(self):
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
@@ -64,8 +66,6 @@ class ProcessSet:
 
 
 def _ranks_of(ranks) -> List[int]:
-    if hasattr(ranks, "Get_group"):  # an mpi4py communicator: its processes, as job ranks
-        return _communicator_ranks(ranks)
     ranks = list(ranks)
     bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, numbers.Integral) or r < 0]
     if bad or len(set(ranks)) != len(ranks) or not ranks:
@@ -141,6 +141,8 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
     live = runtime.current("add_process_set()")
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
+    if process_set.ranks is None and process_set.mpi_comm is not None:
+        process_set.ranks = _communicator_ranks(process_set.mpi_comm)
     ranks = process_set.ranks
     everyone = live.admin_comm.allgather(ranks)
     if any(other != ranks for other in everyone):

@@ -18,21 +18,19 @@ input). Every rank of the set must run the same layers in the same order.
 import torch
 
 from ..common.reduce_ops import Sum
-from ..engine import collectives
 from ..engine.process_sets import global_process_set, set_runtime
+from .mpi_ops import allgather, allreduce
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "copy_to_set", "sum_over_set", "gather_from_set"]
 
 
 def _sum(tensor: torch.Tensor, process_set) -> torch.Tensor:
-    array = tensor.detach().contiguous().numpy()
-    return torch.from_numpy(collectives.allreduce(array, op=Sum, process_set=process_set))
+    return allreduce(tensor.detach(), op=Sum, process_set=process_set)
 
 
 def _gather_last(tensor: torch.Tensor, process_set) -> torch.Tensor:
     """Every rank's `tensor` concatenated along the last dimension, in set order."""
-    front = tensor.detach().movedim(-1, 0).contiguous().numpy()
-    return torch.from_numpy(collectives.allgather(front, process_set=process_set)).movedim(0, -1)
+    return allgather(tensor.detach().movedim(-1, 0).contiguous(), process_set=process_set).movedim(0, -1)
 
 
 def _my_slice(tensor: torch.Tensor, process_set) -> torch.Tensor:

@@ -122,12 +122,13 @@ class Pipeline(torch.nn.Module):
         last stage (None on the others). The gradients accumulate into the parameters."""
         started = time.perf_counter()
         self.last_busy_seconds = 0.0
-        inputs_of = inputs.chunk(self.chunks) if self.is_first else None
-        targets_of = targets.chunk(self.chunks) if self.is_last else None
-        if (inputs_of is not None and len(inputs_of) != self.chunks) or (
-                targets_of is not None and len(targets_of) != self.chunks):
-            raise ValueError(f"Pipeline: a batch of fewer than {self.chunks} samples cannot make {self.chunks} "
-                             "micro-batches")
+        for batch in (inputs if self.is_first else None, targets if self.is_last else None):
+            if batch is not None and len(batch) < self.chunks:
+                raise ValueError(f"Pipeline: a batch of {len(batch)} samples cannot make {self.chunks} micro-batches")
+        # Micro-batches of sizes that differ by at most one row; equal ones, for a batch that
+        # divides by `chunks`, make the step's gradient exactly the whole batch's.
+        inputs_of = inputs.tensor_split(self.chunks) if self.is_first else None
+        targets_of = targets.tensor_split(self.chunks) if self.is_last else None
         live, sends, losses = {}, [], []
         for kind, micro in schedule(self.schedule, self.stage, self.num_stages, self.chunks):
             if kind == "forward":
@@ -143,7 +144,7 @@ class Pipeline(torch.nn.Module):
     def evaluate(self, inputs: Optional[torch.Tensor] = None):
         """The model's output for `inputs` (given on the first stage), on the last stage
         (None on the others): forward passes only, micro-batch by micro-batch."""
-        inputs_of = inputs.chunk(self.chunks) if self.is_first else None
+        inputs_of = inputs.tensor_split(min(self.chunks, len(inputs))) if self.is_first else None
         count = len(inputs_of) if self.is_first else None
         if self.is_first and not self.is_last:
             send_async(torch.tensor([count]), self._next, tag=_COUNT_TAG).wait()
