@@ -76,9 +76,13 @@ def test_keras_on_each_backend(mpi_job, backend, nranks):
 
 
 @pytest.mark.timeout(300)
-def test_process_sets_in_a_job_of_four(mpi_job):
-    # Sets of 1, 2 and 3 ranks side by side, which 3 ranks cannot hold.
-    mpi_job.run_pytest_on_ranks(4, ["tests/mpi/test_process_sets.py"])
+@pytest.mark.parametrize("ranks_per_node, algorithm", [(0, "auto"), (2, "auto"), (2, "ring")],
+                         ids=["one-node", "2x2-nodes", "2x2-nodes-ring"])
+def test_process_sets_in_a_job_of_four(mpi_job, ranks_per_node, algorithm):
+    # Sets of 1, 2 and 3 ranks side by side, which 3 ranks cannot hold; on posed nodes the
+    # set of ranks 0-2 spans them unevenly (2 + 1).
+    env = {"HVDPLUS_RANKS_PER_NODE": str(ranks_per_node), "HVDPLUS_ALLREDUCE_ALGO": algorithm}
+    mpi_job.run_pytest_on_ranks(4, ["tests/mpi/test_process_sets.py"], env=env)
 
 
 @pytest.mark.timeout(300)

@@ -155,3 +155,16 @@ def test_the_global_set_is_the_whole_job(rank, size):
     assert total[0] == size
     with pytest.raises(ValueError, match="global process set cannot be removed"):
         hvd.remove_process_set(hvd.global_process_set)
+
+
+@pytest.mark.parametrize("elements", [3, 40_000, 400_000])
+def test_large_reductions_on_sets_take_every_algorithm(sets, rank, elements):
+    # Sizes on both sides of the crossovers (MPI below 64 KiB, then the shared window and
+    # single-copy reads on one node, hierarchical across posed nodes): each set builds
+    # the algorithms of its own topology, also for sets that span nodes unevenly.
+    for layout in sets.values():  # in the same order on every rank
+        mine = my_set(layout)
+        values = set_values(mine, np.float32, (elements,), seed=elements)
+        expected = np.sum([values[r] for r in mine.ranks], axis=0, dtype=np.float64)
+        got = hvd.allreduce(values[rank], op=hvd.Sum, process_set=mine, name=f"large.{elements}")
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
