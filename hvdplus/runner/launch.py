@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="hosts and their slots, e.g. node1:4,node2:4")
     placement.add_argument("--hostfile", metavar="FILE",
                            help="file of 'host slots=N' lines")
+    parser.add_argument("-p", "--ssh-port", type=_positive_int, metavar="PORT",
+                        help="the port of the ssh servers on the other hosts")
+    parser.add_argument("--ssh-identity-file", metavar="FILE",
+                        help="the private key ssh logs in to the other hosts with")
+    parser.add_argument("--network-interface", metavar="IFACE[,IFACE]",
+                        help="the network interfaces MPI's TCP traffic may use, e.g. eth0")
     parser.add_argument("--mpi-args", default="", metavar="ARGS",
                         help="extra mpirun arguments, one shell-quoted string")
     parser.add_argument("--output-filename", metavar="DIR",
@@ -94,6 +100,17 @@ def _hosts(args: argparse.Namespace) -> List[Host]:
     if args.hostfile:
         return read_hostfile(args.hostfile)
     return []
+
+
+def _ssh_args(args: argparse.Namespace) -> List[str]:
+    ssh_args = []
+    if args.ssh_port:
+        ssh_args += ["-p", str(args.ssh_port)]
+    if args.ssh_identity_file:
+        if not os.path.isfile(args.ssh_identity_file):
+            raise LaunchError(f"--ssh-identity-file {args.ssh_identity_file}: no such file")
+        ssh_args += ["-i", os.path.abspath(args.ssh_identity_file)]
+    return ssh_args
 
 
 def _mpi():
@@ -167,6 +184,8 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
             env_names=forwarded_env_names(env),
             mpi_args=shlex.split(args.mpi_args),
             fault_tolerant=fault_tolerant,
+            ssh_args=_ssh_args(args),
+            network_interfaces=args.network_interface,
         )
         argv = dialect.command(mpirun, job)
         if args.verbose:

@@ -1,0 +1,68 @@
+"""Jobs across podman containers on one machine: real hosts, started over ssh, talking over
+a network of their own (tests/containers/cluster.py builds them from the Dockerfile).
+
+Skipped where podman (or a way to make the base image) is absent. Every container and the
+network are removed at the end, whatever happens."""
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "containers"))
+
+import cluster  # noqa: E402 (found through the path added above)
+
+pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(900)]
+
+REASON = cluster.unavailable_reason()
+if REASON:
+    pytestmark.append(pytest.mark.skip(reason=REASON))
+
+
+@pytest.fixture(scope="module")
+def image():
+    cluster.ensure_base_image()
+    cluster.build_image()
+    return cluster.IMAGE
+
+
+@pytest.fixture
+def hosts(image, tmp_path):
+    made = []
+
+    def make(count):
+        made.append(cluster.Cluster(count, str(tmp_path)))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.remove()
+
+
+def run_check(nodes, slots):
+    result = nodes.run("hvdplusrun", "-np", str(sum(slots)), "-H", nodes.hosts(slots),
+                       "python", "/jobs/check_job.py", json.dumps(slots))
+    output = result.stdout[-6000:] + result.stderr[-6000:]
+    assert result.returncode == 0, output
+    for rank in range(sum(slots)):
+        assert f"checked {rank} on " in result.stdout, output
+    return result
+
+
+@pytest.mark.parametrize("slots", [[2, 2], [1, 1, 1, 1], [1, 2, 1]], ids=["2x2", "4x1", "1+2+1"])
+def test_every_collective_across_containers(hosts, slots):
+    result = run_check(hosts(len(slots)), slots)
+    # Each rank's lines are tagged with its rank, and ran on the host the slots put it on.
+    assert f"checked {sum(slots) - 1} on " in result.stdout
+
+
+def test_an_unreachable_host_is_named_within_seconds(hosts):
+    nodes = hosts(1)
+    started = time.monotonic()
+    result = nodes.run("hvdplusrun", "-np", "2", "-H", f"{nodes.names[0]}:1,no-such-host:1", "true", timeout=60)
+    assert result.returncode != 0
+    assert "no-such-host" in result.stdout + result.stderr
+    assert time.monotonic() - started < 30
