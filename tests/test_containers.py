@@ -66,3 +66,30 @@ def test_an_unreachable_host_is_named_within_seconds(hosts):
     assert result.returncode != 0
     assert "no-such-host" in result.stdout + result.stderr
     assert time.monotonic() - started < 30
+
+
+def test_a_container_killed_mid_job_ends_the_job_with_an_error(hosts):
+    nodes = hosts(2)
+    job = cluster.subprocess.Popen(
+        ["podman", "exec", "-u", "hvd", nodes.names[0], "hvdplusrun", "-np", "2", "-H", nodes.hosts([1, 1]),
+         "python", "-c", "import time, hvdplus as hvd, numpy as np\n"
+         "hvd.init()\n"
+         "hvd.allreduce(np.ones(4), name='first')\n"
+         "print('running', flush=True)\n"
+         "while True:\n"
+         "    hvd.allreduce(np.ones(4), name='tick')\n"
+         "    time.sleep(0.05)\n"],
+        stdout=cluster.subprocess.PIPE, stderr=cluster.subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while not any("running" in line for line in lines):  # every rank is in the loop
+            line = job.stdout.readline()
+            assert line, "the job ended before it ran:\n" + "".join(lines)
+            lines.append(line)
+        cluster.podman("kill", nodes.names[1])
+        killed = time.monotonic()
+        rest, _ = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode != 0, "".join(lines) + rest
+    assert time.monotonic() - killed < 30

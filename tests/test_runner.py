@@ -31,6 +31,7 @@ from hvdplus.runner.hosts import (
     Host, format_host_list, hydra_hostfile_text, on_this_machine, parse_host_list, parse_hostfile,
 )
 from hvdplus.runner.launch import launch, parse_args
+from hvdplus.runner.lost_hosts import OPEN_MPI_LOST_HOST
 from hvdplus.runner.mpi_discovery import (
     MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi, parse_version_output,
 )
@@ -658,3 +659,13 @@ def test_ssh_flags_parse_and_a_missing_identity_file_is_named(tmp_path):
     assert (args.ssh_port, args.network_interface) == (2222, "eth1")
     with pytest.raises(LaunchError, match="no such file"):
         launch(args)
+
+
+def test_a_job_that_lost_a_host_fails_even_when_mpirun_exits_0(capfd):
+    # mpirun's message split over two writes, as a pipe may deliver it; then mpirun exits 0.
+    marker = OPEN_MPI_LOST_HOST.decode()
+    script = (f"import sys, time; sys.stderr.write({marker[:10]!r}); sys.stderr.flush(); time.sleep(0.2); "
+              f"sys.stderr.write({marker[10:]!r} + '\\n')")
+    assert run_supervised([sys.executable, "-c", script], lost_host_marker=OPEN_MPI_LOST_HOST) == 1
+    assert "mpirun lost a host" in capfd.readouterr().err
+    assert run_supervised([sys.executable, "-c", "print('fine')"], lost_host_marker=OPEN_MPI_LOST_HOST) == 0

@@ -18,10 +18,13 @@ from typing import List, Optional, Sequence
 
 from ..version import __version__
 from . import check_build
-from .command import Job, dialect_for, forwarded_env_names, guarded_command, local_core_count, needs_oversubscribe
+from .command import (
+    Job, OpenMpi, dialect_for, forwarded_env_names, guarded_command, local_core_count, needs_oversubscribe,
+)
 from .elastic import ElasticOptions, HostDiscovery, run_elastic
 from .errors import LaunchError
 from .hosts import Host, on_this_machine, parse_host_list, read_hostfile, total_slots
+from .lost_hosts import OPEN_MPI_LOST_HOST
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
 from .rank_output import MARKER_PATTERN
 from .rank_threads import rank_threads_environment, threads_note, usable_cores
@@ -191,7 +194,10 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
         if args.verbose:
             print(shlex.join(argv), flush=True)
         # A launcher that marks its output's pieces leaves the lines to hvdplusrun (rank_output).
-        return run_supervised(argv, env, tag_lines=MARKER_PATTERN in argv, on_tick=on_tick)
+        # Only a job with other hosts can lose one (see lost_hosts).
+        watch = OPEN_MPI_LOST_HOST if isinstance(dialect, OpenMpi) and not on_this_machine(hosts) else None
+        return run_supervised(argv, env, tag_lines=MARKER_PATTERN in argv, on_tick=on_tick,
+                              lost_host_marker=watch)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

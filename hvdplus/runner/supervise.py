@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from .lost_hosts import start_watching_relay
 from .rank_output import start_relay
 
 __all__ = ["FORWARDED_SIGNALS", "run_supervised", "exit_status", "kill_session"]
@@ -63,6 +64,7 @@ def kill_session(session_id: int) -> None:
 def run_supervised(
     argv: Sequence[str], env: Optional[Mapping[str, str]] = None, kill_after: float = 10.0,
     tag_lines: bool = False, on_tick: Optional[Callable[[], None]] = None,
+    lost_host_marker: Optional[bytes] = None,
 ) -> int:
     """Run `argv` to completion, forwarding SIGINT/SIGTERM; return the launcher's exit status.
 
@@ -73,13 +75,19 @@ def run_supervised(
         tag_lines: mpirun marks each piece of output with its rank (`rank_output`);
             write whole lines tagged with it instead.
         on_tick: called about every POLL_SECONDS while mpirun runs (elastic host discovery).
+        lost_host_marker: what mpirun writes to its standard error when it loses a host
+            (lost_hosts); a job that did is reported failed even if mpirun exits with 0.
     """
     pipe = subprocess.PIPE if tag_lines else None
-    child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe, stderr=pipe)
+    watched = lost_host_marker is not None and not tag_lines
+    child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe,
+                             stderr=subprocess.PIPE if watched else pipe)
     relays = []
     if tag_lines:
         relays = [start_relay(child.stdout, sys.stdout.buffer),
                   start_relay(child.stderr, sys.stderr.buffer)]
+    elif watched:
+        relays = [start_watching_relay(child.stderr, sys.stderr.buffer, lost_host_marker)]
     received: List[Tuple[int, float]] = []  # (signal, when), first one first
 
     def forward(signum, _frame):
@@ -107,4 +115,8 @@ def run_supervised(
             # output a while, then for the rest of it to be written, however long that takes.
             if relay.at_end.wait(RELAY_DRAIN_SECONDS):
                 relay.join()
+    if returncode == 0 and any(getattr(relay, "seen", None) and relay.seen.is_set() for relay in relays):
+        print("hvdplusrun: mpirun lost a host and ended the job, yet exited with 0; exiting with 1",
+              file=sys.stderr, flush=True)
+        returncode = 1
     return exit_status(returncode, received[0][0] if received else None)
