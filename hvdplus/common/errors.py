@@ -52,6 +52,14 @@ class RanksFailedError(HvdplusError):
         super().__init__(message)
         self.ranks = tuple(ranks)
 
+    @classmethod
+    def seen_on(cls, rank: int, size: int, failed, what: str = "") -> "RanksFailedError":
+        """The error rank `rank` of a `size`-rank job raises when it sees ranks `failed` die
+        (empty: it learnt of a death from another rank); `what` names the operation."""
+        who = f"ranks {list(failed)}" if failed else "a rank"
+        prefix = f"{what}: " if what else ""
+        return cls(f"{prefix}{who} of the {size}-rank job failed (seen on rank {rank})", failed)
+
 
 # Horovod's name for it, so that `except hvd.HorovodInternalError` keeps working.
 HorovodInternalError = RanksFailedError

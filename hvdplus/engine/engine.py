@@ -457,9 +457,7 @@ class Engine:
             self._revoke_all()
         self._peers_lost = True
         self._finished = True
-        who = f"ranks {failed}" if failed else "a rank"
-        self._fail_everything(RanksFailedError(
-            f"{who} of the {self.size}-rank job failed (seen on rank {self.rank})", failed))
+        self._fail_everything(RanksFailedError.seen_on(self.rank, self.size, failed))
 
     # -- stalls and shutdown ----------------------------------------------------------
     def _stall_batches(self) -> List[Batch]:

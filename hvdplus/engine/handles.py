@@ -1,6 +1,6 @@
 """The handle an async collective returns: poll it, or synchronize to get the result."""
 
-__all__ = ["Handle", "HandleGroup"]
+__all__ = ["Handle", "HandleGroup", "chained"]
 
 
 class Handle:
@@ -25,8 +25,7 @@ class Handle:
     def then(self, step):
         """Have wait() pass the result through `step` too, after this handle's own finishing
         step: adapters turn the core's arrays into their tensors this way. Returns the handle."""
-        finish = self._finish
-        self._finish = step if finish is None else _chained(finish, step)
+        self._finish = chained(self._finish, step)
         return self
 
     def __repr__(self):
@@ -57,8 +56,9 @@ class Handle:
         return self._finish(self._result) if self._finish is not None else self._result
 
 
-def _chained(first, second):
-    return lambda result: second(first(result))
+def chained(first, second):
+    """`second` after `first` (None: no first step), as one finishing step of a handle."""
+    return second if first is None else lambda result: second(first(result))
 
 
 class HandleGroup:

@@ -55,6 +55,7 @@ import numpy as np
 from ..common.dtypes import check_supported, dtype_name
 from ..common.errors import HvdplusError, RanksFailedError
 from . import runtime
+from .handles import chained
 from .process_sets import set_runtime
 
 __all__ = ["send", "recv", "send_async", "recv_async", "tag_limit", "P2PHandle"]
@@ -133,11 +134,9 @@ class _Link:
         live = self.runtime()
         if live is not None and live.settings.ulfm:
             live.revoke()
-        who = f"ranks {failed}" if failed else "a rank"
         for pending in self.pending:
             if not pending.done:
-                pending.finish(error=RanksFailedError(
-                    f"{pending.what}: {who} of the {self.size}-rank job failed (seen on rank {self.rank})", failed))
+                pending.finish(error=RanksFailedError.seen_on(self.rank, self.size, failed, pending.what))
 
 
 _links = weakref.WeakKeyDictionary()
@@ -313,8 +312,7 @@ class P2PHandle:
         return f"<hvdplus.P2PHandle {self.name!r} {'done' if self.done() else 'pending'}>"
 
     def then(self, step):
-        finish = self._finish
-        self._finish = step if finish is None else (lambda result: step(finish(result)))
+        self._finish = chained(self._finish, step)
         return self
 
     def done(self) -> bool:

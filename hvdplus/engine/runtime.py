@@ -107,8 +107,7 @@ class Runtime:
     def abandon(self) -> None:
         """After a peer died: revoke and leave everything, process sets included."""
         for member in self.process_sets.values():
-            member.revoke()
-            member.engine.abandon()
+            member.abandon()
         self.revoke()
         self.engine.abandon()
 

@@ -129,17 +129,18 @@ class _Launches:
         self.options = options
         self.discovery = discovery
         self.folder = folder
-        self.ledger = SlotLedger()
         self.generation = 0
         self.running = 0
         self.announced = 0
         self.lost_at_launch = 0
         self._last_look = 0.0
 
-    def available(self) -> List[Host]:
-        self.ledger.local_lost = 0
-        self.ledger.record(elastic_files.read_lost_hosts(self.folder))
-        return self.ledger.usable(self.discovery.hosts())
+    def available(self, lost: Optional[List[str]] = None) -> List[Host]:
+        """The discovered hosts less the slots of the ranks the job lost (`lost`: the hosts
+        of those ranks, read from the job's folder when None)."""
+        ledger = SlotLedger()
+        ledger.record(elastic_files.read_lost_hosts(self.folder) if lost is None else lost)
+        return ledger.usable(self.discovery.hosts())
 
     def wait_for_slots(self) -> List[Host]:
         """The usable hosts once they have at least --min-np slots; LaunchError after
@@ -167,14 +168,15 @@ class _Launches:
         if now - self._last_look < DISCOVERY_SECONDS:
             return
         self._last_look = now
+        lost = elastic_files.read_lost_hosts(self.folder)
         try:
-            found = total_slots(self.available())
+            found = total_slots(self.available(lost))
         except LaunchError as error:
             _say(str(error))
             return
         limit = self.options.max_np or found
         # Ranks this launch lost in place no longer count as running.
-        running = self.running - (len(elastic_files.read_lost_hosts(self.folder)) - self.lost_at_launch)
+        running = self.running - (len(lost) - self.lost_at_launch)
         if running < min(found, limit) and found > self.announced:
             self.generation += 1
             self.announced = found
