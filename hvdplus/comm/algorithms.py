@@ -137,8 +137,10 @@ class CollectiveAlgorithms:
         elif algorithm == "ring":
             ring_allreduce(self.comm, output, op)
         elif algorithm == "hierarchical":
-            cross = ring_allreduce if self.topology.cross_comm.Get_size() > 2 else _mpi_allreduce
-            hierarchical_allreduce(self.topology, output, op, cross)
+            # The ring across nodes, two of them included: MPI_Allreduce of two ranks (Open
+            # MPI's reduce, then broadcast) sends one way, then the other, where the ring
+            # sends both ways at once.
+            hierarchical_allreduce(self.topology, output, op, ring_allreduce)
         else:
             raise ValueError(f"unknown all-reduce algorithm {algorithm!r}")
         return output

@@ -48,6 +48,10 @@ def run_hierarchical_over_ring(flat, op):
     hierarchical_allreduce(current().topology, flat, op, ring_allreduce)
 
 
+def run_hierarchical_in_tiny_pieces(flat, op):
+    hierarchical_allreduce(current().topology, flat, op, ring_allreduce, piece_bytes=24)
+
+
 def run_hierarchical_over_mpi(flat, op):
     hierarchical_allreduce(current().topology, flat, op, mpi_allreduce)
 
@@ -76,6 +80,7 @@ ALGORITHMS = {
     "ring-tiny-pieces": run_ring_in_tiny_pieces,
     "hierarchical-ring": run_hierarchical_over_ring,
     "hierarchical-mpi": run_hierarchical_over_mpi,
+    "hierarchical-tiny-pieces": run_hierarchical_in_tiny_pieces,
 }
 if current().algorithms.single_node:
     # Shared memory reduces within a node only: with simulated nodes it is part of hierarchical.
