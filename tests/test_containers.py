@@ -24,9 +24,9 @@ if REASON:
 
 @pytest.fixture(scope="module")
 def image():
+    """Whether the image has torch (it does where this machine has a torch CPU wheel)."""
     cluster.ensure_base_image()
-    cluster.build_image()
-    return cluster.IMAGE
+    return cluster.build_image()
 
 
 @pytest.fixture
@@ -57,6 +57,18 @@ def test_every_collective_across_containers(hosts, slots):
     result = run_check(hosts(len(slots)), slots)
     # Each rank's lines are tagged with its rank, and ran on the host the slots put it on.
     assert f"checked {sum(slots) - 1} on " in result.stdout
+
+
+def test_distributed_optimizer_across_containers_trains_like_one_process(hosts, image):
+    if not image:
+        pytest.skip("no local torch CPU wheel to put in the image (PIP_FIND_LINKS or /opt/wheels)")
+    nodes = hosts(2)
+    result = nodes.run("hvdplusrun", "-np", "4", "-H", nodes.hosts([2, 2]), "python", "/jobs/torch_job.py",
+                       timeout=300)
+    output = result.stdout[-6000:] + result.stderr[-6000:]
+    assert result.returncode == 0, output
+    for rank, host in enumerate(nodes.names[:1] * 2 + nodes.names[1:] * 2):
+        assert f"trained {rank} on {host}" in result.stdout, output
 
 
 def test_an_unreachable_host_is_named_within_seconds(hosts):

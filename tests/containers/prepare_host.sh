@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Lets this machine run tests/test_containers.py: podman with the runc runtime, and
+# debootstrap to make the base image where no registry can be reached (tests/containers/cluster.py
+# makes it on first use). On Debian, as root, it installs what is missing and configures
+# podman; elsewhere it says so and changes nothing, and the container tests skip.
+set -euo pipefail
+
+if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null; then
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        echo "prepare_host: no podman or debootstrap, and no apt-get as root: the container tests will skip"
+        exit 0
+    fi
+    if ! { apt-get update -qq && apt-get install -y -qq podman runc debootstrap >/dev/null; }; then
+        echo "prepare_host: installing podman failed: the container tests will skip"
+        exit 0
+    fi
+fi
+
+# runc rather than crun (which fails on hybrid cgroup hierarchies), cgroupfs rather than
+# systemd (which a container or CI machine may lack), and no default ulimits (podman's
+# exceed the hard limits of some machines).
+conf=/etc/containers/containers.conf
+if [ "$(id -u)" = 0 ] && [ ! -s "$conf" ]; then
+    mkdir -p "$(dirname "$conf")"
+    printf '[containers]\ndefault_ulimits = []\n\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\n' > "$conf"
+fi
