@@ -28,6 +28,7 @@ from . import mpi_collectives
 from .hierarchical import hierarchical_allreduce
 from .memory import same_memory
 from .output_pool import OutputPool
+from .reduction import apply_scale
 from .ring import ring_allreduce
 from .shared_window import SharedWindow
 from .single_copy import open_single_copy
@@ -67,7 +68,7 @@ def _packed_mpi_allreduce(comm, pairs, op, scale: float) -> None:
     packed = np.concatenate([source for source, _ in pairs])
     _mpi_allreduce(comm, packed, op)
     if scale != 1.0:
-        packed *= scale
+        apply_scale(packed, scale)
     offset = 0
     for _, target in pairs:
         target[...] = packed[offset:offset + target.size]
@@ -179,7 +180,7 @@ class CollectiveAlgorithms:
     def allreduce_in_place(self, flat, op, prescale_factor=1.0, postscale_factor=1.0, algorithm=None) -> None:
         """All-reduce the flat accumulation-dtype buffer `flat` in place, scaling included."""
         if prescale_factor != 1.0:
-            flat *= prescale_factor
+            apply_scale(flat, prescale_factor)
         self.reduce(flat, op, algorithm=algorithm)
         mpi_collectives.finish_reduction(flat, op, postscale_factor, self.size)
 
@@ -196,7 +197,7 @@ class CollectiveAlgorithms:
             if low <= source.nbytes <= high:
                 self.reduce(source, op, None if same_memory(source, target) else target, algorithm="mpi")
                 if scale != 1.0:
-                    target *= scale
+                    apply_scale(target, scale)
             elif source.nbytes < low:
                 small.append((source, target))
             else:

@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 from ..common.dtypes import accumulation_dtype
 from ..common.reduce_ops import ReduceOp
+from .reduction import apply_scale
 
 __all__ = ["MPI_OPS", "prepare_reduction", "finish_reduction", "allgather", "broadcast", "alltoall", "reducescatter", "reducescatter_rows"]
 
@@ -42,15 +43,15 @@ def prepare_reduction(array, prescale_factor):
     of that changed it, else `array` itself, which the caller must then not write to."""
     work = np.ascontiguousarray(array, dtype=accumulation_dtype(array.dtype))
     if prescale_factor != 1.0:
-        work = work * prescale_factor
+        work = apply_scale(work, prescale_factor, out=np.empty_like(work))
     return work
 
 
 def finish_reduction(work, op, postscale_factor, size):
     """Apply Average's division and the postscale factor, in place."""
-    scale = postscale_factor / size if op == ReduceOp.AVERAGE else postscale_factor
-    if scale != 1.0:
-        work *= scale
+    factor = postscale_factor / size if op == ReduceOp.AVERAGE else postscale_factor
+    if factor != 1.0:
+        apply_scale(work, factor)
 
 
 def allgather(comm, array, first_dims: Sequence[int]):

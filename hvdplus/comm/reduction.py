@@ -8,7 +8,7 @@ import numpy as np
 
 from ..common.reduce_ops import ReduceOp
 
-__all__ = ["UFUNCS", "combine"]
+__all__ = ["UFUNCS", "combine", "apply_scale"]
 
 UFUNCS = {
     ReduceOp.AVERAGE: np.add,
@@ -22,3 +22,10 @@ UFUNCS = {
 def combine(op: ReduceOp, into: np.ndarray, other: np.ndarray) -> None:
     """into = op(into, other), in place, without a temporary."""
     UFUNCS[op](into, other, out=into)
+
+
+def apply_scale(array: np.ndarray, factor: float, out: np.ndarray = None) -> np.ndarray:
+    """`out` (default: `array`, in place) = `factor` * `array`. Integers are scaled in float64
+    and truncated toward zero, as Horovod scales them (an integer Average truncates)."""
+    out = array if out is None else out
+    return np.multiply(array, factor, out=out, casting="unsafe")

@@ -33,7 +33,7 @@ from mpi4py import MPI
 from .failures import check_peers
 from .memory import same_memory
 from .pieces import pieces_of
-from .reduction import UFUNCS
+from .reduction import UFUNCS, apply_scale
 
 __all__ = ["SharedWindow"]
 
@@ -168,7 +168,7 @@ class SharedWindow:
         if self.size == 1 or not arrays:
             for array in arrays:
                 if scale != 1.0:
-                    array *= scale
+                    apply_scale(array, scale)
             return
         ends = list(itertools.accumulate(a.size for a in arrays))
         total = ends[-1]
@@ -193,7 +193,7 @@ class SharedWindow:
                 for peer in others[1:]:
                     ufunc(reduced, segments[peer][where], out=reduced)
                 if scale != 1.0:
-                    reduced *= scale
+                    apply_scale(reduced, scale)
             self.barrier()
             for peer in range(n):
                 for index, lo, hi, at in pieces_of(arrays, ends, bounds[peer], bounds[peer + 1]):

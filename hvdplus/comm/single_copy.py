@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from .memory import address_of
 from .pieces import pieces_of
-from .reduction import UFUNCS
+from .reduction import UFUNCS, apply_scale
 
 __all__ = ["SingleCopy", "open_single_copy"]
 
@@ -137,7 +137,7 @@ class SingleCopy:
                 first = False
             if scale != 1.0:
                 for i, begin, end, _ in pieces:
-                    outputs[i][begin:end] *= scale
+                    apply_scale(outputs[i][begin:end], scale)
         self.window.barrier()
         for peer in range(n):
             if peer == me:

@@ -1,6 +1,9 @@
 """Turning a user's arguments into checked values, with errors that name the tensor."""
 
 import numbers
+import os
+import sys
+import warnings
 
 import numpy as np
 
@@ -42,26 +45,48 @@ def _scale(factor, label: str, what: str) -> float:
 def reduction_arguments(array: np.ndarray, op, prescale_factor, postscale_factor, what: str):
     """(op, prescale, postscale) after checking they make sense for `array`'s dtype.
 
-    Integers are reduced exactly, so Average (which would have to truncate) and scale
-    factors other than 1 are refused on them rather than silently rounded.
+    Integers follow Horovod: they are summed exactly, and Average and the scale factors are
+    applied in float64 and truncated toward zero (each rank's prescaled values before the
+    sum, the result after it). An integer Average warns once, since it rounds.
     """
     op = as_reduce_op(op)
     prescale = _scale(prescale_factor, "prescale_factor", what)
     postscale = _scale(postscale_factor, "postscale_factor", what)
     dtype = array.dtype
-    if dtype == np.bool_ and op in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        raise TypeError(
-            f"{what}: op {op.label} is not defined for bool; use Max (logical or) or Min (logical and)"
-        )
-    if is_integer(dtype) or dtype == np.bool_:
-        if op == ReduceOp.AVERAGE:
+    if dtype == np.bool_:
+        if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
             raise TypeError(
-                f"{what}: op Average on integer dtype {dtype.name} would truncate; "
-                "use op=Sum and divide, or cast to a floating dtype"
+                f"{what}: op {op.label} is not defined for bool; use Max (logical or) or Min (logical and)"
             )
         if prescale != 1.0 or postscale != 1.0:
-            raise TypeError(f"{what}: scale factors need a floating dtype, got {dtype.name}")
+            raise TypeError(f"{what}: scale factors are not defined for bool")
+    elif op == ReduceOp.AVERAGE and is_integer(dtype):
+        _warn_integer_average_once(what, dtype)
     return op, prescale, postscale
+
+
+_warned_integer_average = False
+
+
+def _warn_integer_average_once(what: str, dtype: np.dtype) -> None:
+    global _warned_integer_average
+    if not _warned_integer_average:
+        _warned_integer_average = True
+        warnings.warn(f"{what}: op Average on integer dtype {dtype.name} truncates the mean toward zero, "
+                      "as Horovod does; use op=Sum, or a floating dtype, for the exact result",
+                      stacklevel=_user_stack_level())
+
+
+def _user_stack_level() -> int:
+    """warnings.warn's stacklevel, from its caller here, of the first frame outside hvdplus:
+    the user's call, whichever adapter it went through."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def check_root_rank(root_rank, size: int, what: str) -> int:

@@ -1,10 +1,14 @@
 """Every collective × dtype × shape against numpy, on 1, 2 and 3 ranks."""
 
+import importlib
+import warnings
+
 import numpy as np
 import pytest
 
 import hvdplus as hvd
 from conftest import rank_values
+from hvdplus.engine import arguments
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -170,3 +174,35 @@ def test_broadcast_object_reaches_ranks_that_passed_none(rank, size):
     # Non-root ranks usually have nothing to pass; they must still receive the root's object.
     received = hvd.broadcast_object({"config": [1, 2]} if rank == 0 else None, root_rank=0)
     assert received == {"config": [1, 2]}
+
+
+def horovod_integer_reduction(every, dtype, average, prescale=1.0, postscale=1.0):
+    """What Horovod computes for integers: each rank's values times `prescale`, truncated
+    toward zero; their exact sum; that times `postscale` (over size for Average), truncated."""
+    summed = np.sum([np.trunc(prescale * values) for values in every], axis=0)
+    return np.trunc(summed * (postscale / len(every) if average else postscale)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
+def test_integer_average_and_scale_factors_truncate_as_horovod_does(dtype, rank, size):
+    sign = 1 if np.dtype(dtype).kind == "u" else -1
+    every = [np.array([2 * r + 1, sign * (3 * r + 2), 5, 0, 7 * r]) for r in range(size)]
+    mine = every[rank].astype(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an integer Average warns once per process
+        np.testing.assert_array_equal(hvd.allreduce(mine, op=hvd.Average, name=f"int.avg.{dtype.__name__}"),
+                                      horovod_integer_reduction(every, dtype, average=True))
+        grouped = hvd.grouped_allreduce([mine, mine[:2]], op=hvd.Average, name=f"int.group.{dtype.__name__}")
+    want = horovod_integer_reduction(every, dtype, average=True)
+    np.testing.assert_array_equal(grouped[0], want)
+    np.testing.assert_array_equal(grouped[1], want[:2])
+    scaled = hvd.allreduce(mine, op=hvd.Sum, prescale_factor=0.5, postscale_factor=1.5, name=f"int.scaled.{dtype.__name__}")
+    np.testing.assert_array_equal(scaled, horovod_integer_reduction(every, dtype, False, 0.5, 1.5))
+
+
+def test_an_integer_average_warns_and_never_raises():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        importlib.reload(arguments)  # forget an earlier test's warning
+        hvd.allreduce(np.arange(3, dtype=np.int32), op=hvd.Average, name="int.warns")
+    assert any("op Average on integer dtype int32 truncates" in str(w.message) for w in caught)

@@ -75,11 +75,6 @@ def test_unsupported_dtype_on_one_rank(rank):
         hvd.allreduce(np.zeros(2, dtype=dtype))
 
 
-def test_average_of_integers_is_refused_everywhere():
-    with pytest.raises(TypeError, match="Average on integer dtype int32 would truncate"):
-        hvd.allreduce(np.zeros(2, dtype=np.int32), op=hvd.Average)
-
-
 def test_sum_of_bools_is_refused_everywhere():
     with pytest.raises(TypeError, match="not defined for bool"):
         hvd.allreduce(np.zeros(2, dtype=bool), op=hvd.Sum)
