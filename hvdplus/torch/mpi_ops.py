@@ -16,7 +16,7 @@ import torch
 from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
 from ..engine import collectives, runtime
 from ..engine.handles import Handle, HandleGroup
-from ..engine.process_sets import global_process_set, set_runtime
+from ..engine.process_sets import ProcessSet, global_process_set, set_runtime
 from .buffers import (
     as_array,
     as_arrays,
@@ -44,8 +44,9 @@ def poll(handle) -> bool:
 
 
 def synchronize(handle):
-    """Wait for `handle` and return its tensor(s), or raise its error."""
-    return handle.wait()
+    """Wait for `handle` and return its tensor(s), or raise its error (a callable, such as
+    sparse_allreduce_async returns, is called)."""
+    return handle() if callable(handle) else handle.wait()
 
 
 def _what(kind, name):
@@ -105,9 +106,10 @@ def _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compre
     return compression.decompress(reduced, ctx)
 
 
-def _summed_gradient(grad, process_set):
-    """The Sum over `process_set` of every rank's incoming gradient."""
-    return _allreduce_plain(grad.contiguous(), None, Sum, 1.0, 1.0, Compression.none, process_set)
+def _averaged_gradient(grad, process_set):
+    """The Average over `process_set` of every rank's incoming gradient: Horovod's gradient
+    of allgather and broadcast, which treats each rank's loss as its share of one mean."""
+    return _allreduce_plain(grad.contiguous(), None, Average, 1.0, 1.0, Compression.none, process_set)
 
 
 class _AllreduceFunction(torch.autograd.Function):
@@ -216,7 +218,7 @@ class _AllgatherFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         start, count = ctx.rows
-        return _summed_gradient(grad, ctx.process_set)[start:start + count], None, None
+        return _averaged_gradient(grad, ctx.process_set)[start:start + count], None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -275,8 +277,8 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        summed = _summed_gradient(grad, ctx.process_set)
-        return (summed if ctx.is_root else torch.zeros_like(summed)), None, None, None
+        averaged = _averaged_gradient(grad, ctx.process_set)
+        return (averaged if ctx.is_root else torch.zeros_like(averaged)), None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
@@ -348,8 +350,49 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_
     return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor, process_set).wait()
 
 
-def join(process_set=global_process_set) -> int:
-    """This rank is out of data; see hvdplus.join. Returns the (job) rank that joined last."""
+def grouped_reducescatter_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                                process_set=global_process_set):
+    """Start reduce-scatters of several tensors; synchronize returns a list."""
+    tensors = list(tensors)
+    base = set_runtime(process_set, "grouped_reducescatter()").name_for("grouped_reducescatter", name)
+    handles = [reducescatter_async(t, op, f"{base}.{i}", prescale_factor, postscale_factor, process_set)
+               for i, t in enumerate(tensors)]
+    return HandleGroup(base, handles)
+
+
+def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                          process_set=global_process_set):
+    """Reduce-scatter each of `tensors`; returns a list."""
+    return grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor, process_set).wait()
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Start reducing a sparse COO `tensor` as Horovod does: its indices and values are
+    allgathered (values divided by the set's size for Average), which sums duplicates
+    when the result is coalesced. Returns a callable that waits and gives the sparse
+    result; `synchronize` accepts it too."""
+    op = reduce_op_from(None, op)
+    if op not in (Average, Sum):
+        raise ValueError(f"sparse_allreduce_async '{name}': op must be Average or Sum, not {ReduceOp(op).label}")
+    indices = allgather_async(tensor._indices().t().contiguous(), f"{name}.indices", process_set)
+    values = allgather_async(tensor._values().contiguous(), f"{name}.values", process_set)
+
+    def result():
+        gathered_values = values.wait()
+        if op == Average:
+            gathered_values = gathered_values / set_runtime(process_set, "sparse_allreduce_async()").topology.size
+        return torch.sparse_coo_tensor(indices.wait().t(), gathered_values, tensor.shape, check_invariants=True)
+
+    return result
+
+
+def join(device=-1, process_set=global_process_set) -> int:
+    """This rank is out of data; see hvdplus.join. Returns the (job) rank that joined last.
+
+    `device` is accepted for Horovod's signature: Horovod makes the zero tensors a joined
+    rank contributes on it; hvdplus's are host arrays whatever the device."""
+    if isinstance(device, ProcessSet):  # join(process_set) positionally, as hvdplus took it
+        device, process_set = -1, device
     return collectives.join(process_set=process_set)
 
 

@@ -1,5 +1,8 @@
 """hvdplus.torch collectives on real tensors against numpy/torch references, autograd, errors."""
 
+import time
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -121,14 +124,16 @@ def test_autograd_through_allreduce_allgather_broadcast(rank, size):
     everyone = torch.stack([torch.arange(3, dtype=torch.float32) + r for r in range(size)])
     assert torch.allclose(x.grad, everyone.mean(0))
 
+    # As in Horovod, allgather's and broadcast's gradients average the ranks' incoming
+    # gradients (each rank's loss is its share of one mean): here the mean of r + 1.
     y = torch.full((rank + 1, 2), 1.0, requires_grad=True)
     gathered = hvd.allgather(y)
     (gathered * (rank + 1)).sum().backward()
-    assert torch.allclose(y.grad, torch.full((rank + 1, 2), size * (size + 1) / 2))
+    assert torch.allclose(y.grad, torch.full((rank + 1, 2), (size + 1) / 2))
 
     z = torch.full((2,), float(rank), requires_grad=True)
     (hvd.broadcast(z, root_rank=0) * (rank + 1)).sum().backward()
-    expected = size * (size + 1) / 2 if rank == 0 else 0.0
+    expected = (size + 1) / 2 if rank == 0 else 0.0
     assert torch.allclose(z.grad, torch.full((2,), expected))
 
 
@@ -142,6 +147,19 @@ def test_autograd_through_alltoall(rank, size):
     (received * weights).sum().backward()
     expected = torch.cat([torch.full((rank + 1, 3), float((d + 1) * (rank + 1))) for d in range(size)])
     assert torch.equal(x.grad, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_average_and_scale_factors_truncate_as_horovod_does(dtype, rank, size):
+    every = [torch.tensor([2 * r + 1, -(3 * r + 2), 5, 7 * r], dtype=torch.float64) for r in range(size)]
+    mine = every[rank].to(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an integer Average warns once per process
+        averaged = hvd.allreduce(mine)  # Average, Horovod's default
+    assert averaged.dtype == dtype
+    assert torch.equal(averaged, torch.trunc(torch.stack(every).sum(0) / size).to(dtype))
+    scaled = hvd.allreduce(mine, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0)
+    assert torch.equal(scaled, torch.trunc(3.0 * torch.stack([torch.trunc(0.5 * e) for e in every]).sum(0)).to(dtype))
 
 
 def test_fp16_compression_within_tolerance(rank, size):
@@ -207,3 +225,37 @@ def test_objects_and_runtime_queries(rank, size):
     assert hvd.allgather_object(rank) == list(range(size))
     assert (hvd.rank(), hvd.size()) == (rank, size)
     hvd.barrier()
+
+
+def test_grouped_reducescatter_matches_each_reducescatter(rank, size):
+    tensors = [torch.full((2 * size + 1, 3), float(rank + 1)), torch.arange(size * 2.0).reshape(size, 2) * (rank + 1)]
+    scattered = hvd.grouped_reducescatter(tensors, op=hvd.Sum, name="grouped.rs")
+    total = size * (size + 1) / 2
+    assert scattered[0].shape == (3 if rank == 0 else 2, 3) and torch.all(scattered[0] == total)
+    assert torch.equal(scattered[1], torch.arange(size * 2.0).reshape(size, 2)[rank:rank + 1] * total)
+    averaged = hvd.synchronize(hvd.grouped_reducescatter_async(tensors[:1], name="grouped.rs.avg"))
+    assert torch.allclose(averaged[0], torch.full_like(averaged[0], total / size))
+
+
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=["sum", "average"])
+def test_sparse_allreduce_async_matches_the_dense_reduction(op, rank, size):
+    dense = torch.zeros(6, 3)
+    dense[rank % 6] = rank + 1.0
+    dense[5] = 2.0  # every rank has a row 5: gathered duplicates add up
+    handle = hvd.sparse_allreduce_async(dense.to_sparse(), name=f"sparse.{op}", op=op)
+    reduced = hvd.synchronize(handle)
+    assert reduced.is_sparse
+    want = sum(torch.zeros(6, 3).index_fill_(0, torch.tensor([r % 6]), r + 1.0) for r in range(size))
+    want[5] += 2.0 * size
+    if op == hvd.Average:
+        want /= size
+    assert torch.allclose(reduced.to_dense(), want)
+
+
+def test_join_takes_horovods_device_argument(rank, size):
+    if rank == size - 1:
+        time.sleep(0.3)  # joins last
+    assert hvd.join(device=-1) == size - 1
+    if rank == 0:
+        time.sleep(0.3)
+    assert hvd.join(-1) == 0
