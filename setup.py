@@ -58,6 +58,8 @@ setup(
     python_requires=">=3.9",
     install_requires=["numpy>=1.21", "mpi4py>=3.1"],
     extras_require=EXTRAS,
-    entry_points={"console_scripts": ["hvdplusrun = hvdplus.runner.launch:main"]},
+    # horovodrun hands over to a real Horovod's launcher where one is installed (runner/horovodrun.py).
+    entry_points={"console_scripts": ["hvdplusrun = hvdplus.runner.launch:main",
+                                      "horovodrun = hvdplus.runner.horovodrun:main"]},
     license="Apache-2.0",
 )

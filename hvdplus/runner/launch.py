@@ -17,7 +17,7 @@ import tempfile
 from typing import List, Optional, Sequence
 
 from ..version import __version__
-from . import check_build
+from . import check_build, horovod_flags
 from .command import (
     Job, OpenMpi, dialect_for, forwarded_env_names, guarded_command, local_core_count, needs_oversubscribe,
 )
@@ -40,11 +40,12 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "hvdplusrun") -> argparse.ArgumentParser:
+    """hvdplusrun's flags; with prog "horovodrun", Horovod's too (see horovod_flags)."""
     parser = argparse.ArgumentParser(
-        prog="hvdplusrun",
+        prog=prog,
         description="Run a command on several ranks with mpirun, hvdplus-style.",
-        epilog="example: hvdplusrun -np 4 python train.py --lr 0.1",
+        epilog=f"example: {prog} -np 4 python train.py --lr 0.1",
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"hvdplus {__version__}")
@@ -83,17 +84,25 @@ def build_parser() -> argparse.ArgumentParser:
                          help="how long to wait for --min-np slots (default: 600)")
     elastic.add_argument("--no-in-place", dest="in_place", action="store_false",
                          help="restart the job after a failure instead of re-forming it on the survivors")
+    parser.add_argument("--horovod-compat", action="store_true",
+                        help="let the ranks import Horovod's modules (import horovod.torch ...) from hvdplus, "
+                             "unless a real Horovod is installed")
+    if prog == "horovodrun":
+        horovod_flags.add_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = build_parser()
+def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -> argparse.Namespace:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if prog == "horovodrun":
+        horovod_flags.check(parser, args)
+        args.horovod_compat = True
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     if not args.command and not args.check_build:
-        parser.error("no command given; e.g. hvdplusrun -np 2 python train.py")
+        parser.error(f"no command given; e.g. {prog} -np 2 python train.py")
     return args
 
 
@@ -161,7 +170,9 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
              fault_tolerant: bool = False, on_tick=None, hostfile_given: bool = True) -> int:
     """Run one mpirun of `num_proc` ranks on `hosts` to its end; return its exit status."""
     mpirun, dialect = _mpi()
-    env = dict(os.environ, **tuning_environment(args), **(extra_env or {}))
+    env = dict(os.environ, **tuning_environment(args), **horovod_flags.environment(args), **(extra_env or {}))
+    if args.horovod_compat:
+        env["PYTHONPATH"] = horovod_flags.python_path_with_alias(env.get("PYTHONPATH"))
     cores = local_core_count()
     usable = usable_cores(cores)
     threads = rank_threads_environment(env, num_proc, local_only=on_this_machine(hosts), core_count=usable)
@@ -200,14 +211,15 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
                               lost_host_marker=watch)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of `hvdplusrun` and `python -m hvdplus.runner`."""
-    args = parse_args(argv)
+def main(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -> int:
+    """Entry point of `hvdplusrun` and `python -m hvdplus.runner` (and of horovodrun, with
+    its `prog`)."""
+    args = parse_args(argv, prog)
     try:
         if args.check_build:
             print(check_build.build_report())
             return 0
         return launch(args)
     except LaunchError as error:
-        print(f"hvdplusrun: {error}", file=sys.stderr)
+        print(f"{prog}: {error}", file=sys.stderr)
         return 2

@@ -1,0 +1,83 @@
+"""Horovod's module names, served by hvdplus: `import horovod.torch as hvd` gives a module
+holding everything of `hvdplus.torch`, and so on for `horovod.tensorflow`,
+`horovod.tensorflow.keras`, `horovod.keras` and `horovod.common`, with their submodules
+(`horovod.torch.elastic`, `horovod.keras.callbacks`...). See docs/moving-from-horovod.md.
+
+This package is on the import path only where a launcher put it there for a job
+(`horovodrun`, `hvdplusrun --horovod-compat`), and it refuses to load where a real Horovod
+is importable too: an installed Horovod is never shadowed.
+"""
+
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+import types
+
+from hvdplus.horovod_alias import PATH, real_horovod
+from hvdplus.version import __version__ as _hvdplus_version
+
+_real = real_horovod(entry for entry in sys.path if os.path.abspath(entry or os.getcwd()) != PATH)
+if _real is not None:
+    raise ImportError(
+        f"hvdplus's Horovod alias ({os.path.join(PATH, 'horovod')}) will not shadow the Horovod installed at "
+        f"{_real}: take {PATH} off PYTHONPATH (or run without --horovod-compat) to use that Horovod, "
+        "or uninstall it to run Horovod programs on hvdplus"
+    )
+
+# Horovod's last release, with hvdplus's version as its local part: version checks in
+# Horovod programs ("at least 0.21") pass, and the text says what runs them.
+__version__ = f"0.28.1+hvdplus.{_hvdplus_version}"
+
+# Horovod's module -> the hvdplus module serving it; others map by name (horovod.X -> hvdplus.X).
+RENAMED = {
+    "horovod.common.exceptions": "hvdplus.common.errors",
+    "horovod.common.process_sets": "hvdplus.engine.process_sets",
+    "horovod.torch.mpi_ops": "hvdplus.torch",
+    "horovod.torch.optimizer": "hvdplus.torch",
+    "horovod.torch.functions": "hvdplus.torch",
+    "horovod.torch.elastic.sampler": "hvdplus.torch.elastic",
+    "horovod.torch.elastic.state": "hvdplus.torch.elastic",
+    "horovod.tensorflow.mpi_ops": "hvdplus.tensorflow",
+    "horovod.tensorflow.functions": "hvdplus.tensorflow",
+    "horovod.tensorflow.keras.callbacks": "hvdplus.keras.callbacks",
+    "horovod.tensorflow.keras.elastic": "hvdplus.keras.elastic",
+    "horovod.keras.callbacks": "hvdplus.keras.callbacks",
+    "horovod.keras.elastic": "hvdplus.keras.elastic",
+}
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds `horovod.<name>` and makes it a module of its own holding the hvdplus module's
+    names (the same objects), so hvdplus's own modules are never renamed."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith("horovod."):
+            return None
+        return importlib.util.spec_from_loader(fullname, self, is_package=True)
+
+    def create_module(self, spec):
+        return types.ModuleType(spec.name)
+
+    def exec_module(self, module):
+        name = module.__name__
+        target_name = RENAMED.get(name, "hvdplus." + name[len("horovod."):])
+        try:
+            target = importlib.import_module(target_name)
+        except ModuleNotFoundError as error:
+            if error.name is not None and not target_name.startswith(error.name):
+                raise  # a framework the hvdplus module needs is missing: say that
+            raise ModuleNotFoundError(
+                f"No module named '{name}': hvdplus serves Horovod's torch, tensorflow, tensorflow.keras, "
+                f"keras and common modules, not this one (see docs/moving-from-horovod.md)", name=name) from None
+        module.__dict__.update({key: value for key, value in vars(target).items()
+                                if not (key.startswith("__") and key.endswith("__"))})
+        module.__all__ = list(getattr(target, "__all__", [k for k in vars(target) if not k.startswith("_")]))
+        module.__doc__ = target.__doc__
+        module.__getattr__ = lambda attribute: getattr(target, attribute)
+        module.__path__ = []  # a package, so that its submodules resolve through this finder
+
+
+if not any(isinstance(finder, _Alias) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _Alias())
