@@ -2,12 +2,14 @@
 
 import enum
 
-__all__ = ["ReduceOp", "Average", "Sum", "Min", "Max", "Product", "as_reduce_op", "reduce_op_from"]
+__all__ = ["ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "as_reduce_op", "reduce_op_from",
+           "ELEMENTWISE_OPS"]
 
 
 class ReduceOp(enum.IntEnum):
     AVERAGE = 0
     SUM = 1
+    ADASUM = 2  # not elementwise: see hvdplus.comm.adasum
     MIN = 3
     MAX = 4
     PRODUCT = 5
@@ -19,9 +21,14 @@ class ReduceOp(enum.IntEnum):
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
+
+
+# The ops every all-reduce algorithm applies element by element.
+ELEMENTWISE_OPS = tuple(op for op in ReduceOp if op != ReduceOp.ADASUM)
 
 
 def as_reduce_op(op) -> ReduceOp:

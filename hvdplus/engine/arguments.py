@@ -50,6 +50,8 @@ def reduction_arguments(array: np.ndarray, op, prescale_factor, postscale_factor
     sum, the result after it). An integer Average warns once, since it rounds.
     """
     op = as_reduce_op(op)
+    if op == ReduceOp.ADASUM:  # allreduce takes it before planning an elementwise reduction
+        raise ValueError(f"{what}: op Adasum combines whole tensors; only allreduce takes it")
     prescale = _scale(prescale_factor, "prescale_factor", what)
     postscale = _scale(postscale_factor, "postscale_factor", what)
     dtype = array.dtype

@@ -11,7 +11,7 @@ from ..common.errors import (
     HorovodInternalError, HostsUpdatedInterrupt, HvdplusError, NotInitializedError, RanksFailedError, ShutdownError,
     StalledError, TensorMismatchError,
 )
-from ..common.reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
+from ..common.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .p2p import recv, recv_async, send, send_async
 from .process_sets import ProcessSet, add_process_set, global_process_set, init, remove_process_set
 from .runtime import (
@@ -22,7 +22,7 @@ from .runtime import (
 __all__ = [
     "HvdplusError", "NotInitializedError", "TensorMismatchError", "ShutdownError", "StalledError",
     "RanksFailedError", "HorovodInternalError", "HostsUpdatedInterrupt",
-    "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
+    "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",

@@ -11,11 +11,15 @@ import functools
 import math
 from typing import Callable, Optional, Tuple
 
+import numpy as np
+
+from ..comm.adasum import adasum_tree, check_power_of_two
+from ..comm.reduction import apply_scale
 from ..common.dtypes import dtype_name
-from ..common.reduce_ops import ReduceOp
+from ..common.reduce_ops import ReduceOp, as_reduce_op
 from . import arguments
 from .groups import grouped_request
-from .handles import Handle
+from .handles import Handle, HandleGroup
 from .process_sets import set_runtime
 from .protocol import Agreement, Collective, Request
 from .requests import input_error
@@ -132,11 +136,58 @@ def _alltoall_plan(array, splits):
     return plan
 
 
+def _is_adasum(op) -> bool:
+    try:
+        return as_reduce_op(op) == ReduceOp.ADASUM
+    except ValueError:
+        return False  # an unknown op is reported where requests are planned, on every rank
+
+
+def _adasum_async(array, name, prescale_factor, postscale_factor, output, process_set):
+    """All-reduce by Adasum (hvdplus.comm.adasum): every rank's vector is gathered, and each
+    rank combines them in the same tree, so all hold the same result."""
+    live = set_runtime(process_set, "allreduce()")
+    name = live.name_for(_ALLREDUCE, name)
+    what = f"allreduce '{name}'"
+    try:
+        check_power_of_two(live.topology.size, what)
+        data = arguments.as_array(array, what)
+        if data.dtype.kind != "f" and dtype_name(data.dtype) != "bfloat16":
+            raise TypeError(f"{what}: Adasum needs a floating dtype, got {dtype_name(data.dtype)}")
+        if output is not None:
+            arguments.check_output(output, data, what)
+        pre = arguments.reduction_arguments(data, ReduceOp.SUM, prescale_factor, postscale_factor, what)[1:]
+    except NotImplementedError:
+        raise  # the same on every rank: the size is
+    except (TypeError, ValueError) as exc:
+        return input_error_async("allgather", name, exc, process_set)
+    prescale, postscale = pre
+    row = data.reshape(1, -1)
+    if prescale != 1.0:
+        row = apply_scale(row, prescale, out=np.empty_like(row))
+
+    def combine(rows):
+        result = adasum_tree(rows)
+        if postscale != 1.0:
+            apply_scale(result, postscale)
+        result = result.reshape(data.shape)
+        if output is None:
+            return result
+        output[...] = result
+        return output
+
+    return allgather_async(row, name=name, process_set=process_set).then(combine)
+
+
 def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outputs=None, process_set=None):
     live = set_runtime(process_set, "grouped_allreduce()")
     arrays = list(arrays)
     outputs = list(outputs) if outputs is not None else [None] * len(arrays)
     group = live.name_for("grouped_allreduce", name)
+    if _is_adasum(op):  # each tensor is combined on its own
+        return HandleGroup(group, [_adasum_async(array, f"{group}.{index}", prescale_factor, postscale_factor,
+                                                 output, process_set)
+                                   for index, (array, output) in enumerate(zip(arrays, outputs))])
     if not arrays:  # nothing to agree on: done at once, on every rank alike
         empty = Handle(group, live.engine)
         empty.set_result([])
@@ -156,8 +207,11 @@ def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, 
 
     Average divides the sum by size(); half types are reduced in float32. With `output`
     (a C-contiguous, writeable array of the same shape and dtype, possibly `array` itself)
-    the result is written there, and the handle's result is `output`.
+    the result is written there, and the handle's result is `output`. Adasum (floating
+    dtypes, a power-of-two number of ranks) combines the ranks' arrays as Horovod does.
     """
+    if _is_adasum(op):
+        return _adasum_async(array, name, prescale_factor, postscale_factor, output, process_set)
     plan = _reduction_plan(_ALLREDUCE, array, op, prescale_factor, postscale_factor, output=output)
     return _submit(_ALLREDUCE, name, plan, process_set)
 
@@ -210,6 +264,8 @@ def synchronize(handle):
 def allreduce(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None,
               process_set=None):
     """Elementwise reduction of `array` over all ranks (of `process_set`); every rank gets the result."""
+    if _is_adasum(op):
+        return _adasum_async(array, name, prescale_factor, postscale_factor, None, process_set).wait()
     plan = _reduction_plan(_ALLREDUCE, array, op, prescale_factor, postscale_factor)
     return _submit(_ALLREDUCE, name, plan, process_set).wait()
 

@@ -206,3 +206,27 @@ def test_an_integer_average_warns_and_never_raises():
         importlib.reload(arguments)  # forget an earlier test's warning
         hvd.allreduce(np.arange(3, dtype=np.int32), op=hvd.Average, name="int.warns")
     assert any("op Average on integer dtype int32 truncates" in str(w.message) for w in caught)
+
+
+def adasum_reference(a, b):
+    """Horovod's Adasum of two vectors, written out in float64."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    dot = a @ b
+    return (1 - dot / (2 * (a @ a))) * a + (1 - dot / (2 * (b @ b))) * b
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_adasum_matches_the_formula_on_power_of_two_ranks(dtype, rank, size):
+    vectors = [rank_values("float64", (3, 5), r, 31) for r in range(size)]
+    if size & (size - 1):
+        with pytest.raises(NotImplementedError, match=f"Adasum needs a power-of-two number of ranks, not {size}"):
+            hvd.allreduce(vectors[rank].astype(dtype), op=hvd.Adasum, name=f"adasum.{dtype}")
+        return
+    level = [v.reshape(-1) for v in vectors]
+    while len(level) > 1:
+        level = [adasum_reference(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+    result = hvd.allreduce(vectors[rank].astype(dtype), op=hvd.Adasum, name=f"adasum.{dtype}")
+    assert result.dtype == dtype and result.shape == (3, 5)
+    np.testing.assert_allclose(result.reshape(-1), level[0], rtol=1e-5, atol=1e-6)
+    grouped = hvd.grouped_allreduce([vectors[rank].astype(dtype)] * 2, op=hvd.Adasum, name=f"adasum.group.{dtype}")
+    np.testing.assert_allclose(grouped[1].reshape(-1), level[0], rtol=1e-5, atol=1e-6)
