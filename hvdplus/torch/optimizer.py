@@ -344,7 +344,7 @@ def _fusion_groups(params, groups):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         groups=None, sparse_as_dense=False, process_set=global_process_set):
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set):
     """Wrap `optimizer` so that `step()` applies gradients averaged over all ranks.
 
     Args:
@@ -354,11 +354,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         backward_passes_per_step: backward passes accumulated locally before each all-reduce.
         op: Average (default) or Sum over ranks.
         gradient_predivide_factor: with Average, divide by f before the sum and by size/f after.
+        num_groups: Horovod's older spelling of `groups=<number>` (0: not given).
         groups: None, a number of fusion groups, or lists of parameters reduced together.
         sparse_as_dense: densify sparse gradients instead of allgathering them.
         process_set: the ranks whose gradients are averaged (default: every rank); a rank
             outside the set applies its own gradients, as in Horovod.
     """
+    if num_groups and groups is None:
+        groups = num_groups
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
