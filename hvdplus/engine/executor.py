@@ -1,8 +1,9 @@
 """Executing the batches the engine agreed on: the data plane of the engine.
 
 Every rank runs the same batches in the same order. A rank that has joined has no entry
-for a name and takes part with zeros (reductions) or no rows (allgather), so the other
-ranks' collectives still complete.
+for a name and takes part with zeros (reductions and broadcasts), so the other ranks'
+collectives still complete; allgather and alltoall never run beside a joined rank (see
+protocol.JOINABLE).
 """
 
 import math
@@ -140,8 +141,7 @@ def _single(comm, algorithms, batch, payload):
     agree = request.agree
     kind = batch.kind
     if kind is Collective.ALLGATHER:
-        data = payload if payload is not JOINED else _placeholder_bytes(agree.dtype, (0,) + tuple(agree.trailing_shape))
-        return algorithms.allgather(data, batch.per_rank)
+        return algorithms.allgather(payload, batch.per_rank)
     if kind is Collective.BROADCAST:
         data = payload if payload is not JOINED else _placeholder_bytes(agree.dtype, agree.shape)
         return mpi_collectives.broadcast(comm, data, agree.root_rank)

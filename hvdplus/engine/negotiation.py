@@ -27,6 +27,14 @@ from .requests import check_agreement
 
 __all__ = ["Coordinator"]
 
+# Horovod's words for the collectives that cannot run beside a joined rank, which programs
+# written for Horovod may look for.
+_NOT_WITH_JOIN = {
+    Collective.ALLGATHER: "Allgather is not supported with Join at this time. "
+                          "Specify sparse_to_dense=True if using DistributedOptimizer",
+    Collective.ALLTOALL: "Alltoall is not supported with Join at this time.",
+}
+
 # Compared per item and per name: a module name is cheaper than an enum member looked up on
 # its class, which costs a descriptor call on Python 3.11.
 _ALLREDUCE = Collective.ALLREDUCE
@@ -130,7 +138,7 @@ class Coordinator:
                 continue
             batch = Batch(kind, [name], requests=[requests[0]], cache_ids=cache_ids)
             if kind is Collective.ALLGATHER:
-                batch.per_rank = [entry.by_rank[r].rows if r in entry.by_rank else 0 for r in range(self.size)]
+                batch.per_rank = [entry.by_rank[r].rows for r in range(self.size)]
             elif kind is Collective.ALLTOALL:
                 batch.per_rank = [list(entry.by_rank[r].splits) for r in range(self.size)]
             batches.append(batch)
@@ -140,7 +148,8 @@ class Coordinator:
         absent = [r for r in range(self.size) if r not in entry.by_rank]
         kind = requests[0].kind
         if absent and kind not in JOINABLE:
-            return ("HvdplusError", f"{kind} '{name}' cannot run while ranks {absent} have joined")
+            return ("HvdplusError", f"{kind} '{name}' cannot run while ranks {absent} have joined "
+                                    f"(Horovod: {_NOT_WITH_JOIN.get(kind, '')})")
         if absent and kind is Collective.BROADCAST and requests[0].agree.root_rank in absent:
             return ("HvdplusError", f"broadcast '{name}': root rank {requests[0].agree.root_rank} has joined")
         if not entry.needs_check:
