@@ -66,6 +66,10 @@ class Settings:
     ulfm: bool = False
     in_place_recovery: bool = False
     elastic_min_np: int = 1
+    autotune: bool = False
+    autotune_log: Optional[str] = None
+    autotune_warmup_samples: int = 3
+    autotune_steps_per_sample: int = 10
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
@@ -97,6 +101,11 @@ class Settings:
             single_copy=_lookup(environ, "SINGLE_COPY") is None or _flag(environ, "SINGLE_COPY"),
             elastic_dir=_lookup(environ, "ELASTIC_DIR"),
             elastic_min_np=_number(environ, "ELASTIC_MIN_NP", cls.elastic_min_np, int),
+            autotune=_flag(environ, "AUTOTUNE"),
+            autotune_log=_lookup(environ, "AUTOTUNE_LOG"),
+            autotune_warmup_samples=_number(environ, "AUTOTUNE_WARMUP_SAMPLES", cls.autotune_warmup_samples, int),
+            autotune_steps_per_sample=_number(environ, "AUTOTUNE_STEPS_PER_SAMPLE", cls.autotune_steps_per_sample,
+                                              int),
             ulfm=_ulfm(environ),
             in_place_recovery=_ulfm(environ) and (
                 _lookup(environ, "ELASTIC_IN_PLACE") is None or _flag(environ, "ELASTIC_IN_PLACE")),

@@ -29,8 +29,9 @@ from mpi4py import MPI
 
 from ..comm.failures import failed_ranks, is_process_failure
 from ..common.errors import HvdplusError, RanksFailedError, ShutdownError, StalledError, error_from_wire
+from .autotune import Autotuner, Setting
 from .executor import JOINED, execute_batch
-from .fusion import FusionBuffer
+from .fusion import FusionBuffer, fused_nbytes
 from .handles import Handle
 from .negotiation import Coordinator
 from .protocol import Batch, Collective, Outcome, Request, Token
@@ -113,6 +114,8 @@ class Engine:
         self._shutdown_sent = False
         self._failure: Optional[BaseException] = None
         self._peers_lost = False
+        self._tuner = self._make_tuner(settings) if self.rank == 0 and settings.autotune else None
+        self._tune_batch: Optional[Batch] = None
         self._thread = threading.Thread(target=self._run, name="hvdplus-engine", daemon=True)
         self._thread.start()
 
@@ -282,12 +285,17 @@ class Engine:
             batches += self._stall_batches()
             if self.coordinator.shutdown_ranks:
                 batches.append(Batch(Outcome.SHUTDOWN, value=min(self.coordinator.shutdown_ranks)))
+            if self._tune_batch is not None:
+                batches.insert(0, self._tune_batch)
+                self._tune_batch = None
             if batches:
                 wire = [batch.known_ids or batch for batch in batches]
                 sends = [self.control_comm.isend(wire, dest=worker, tag=_RESPONSE_TAG)
                          for worker in range(1, self.size)]
                 self._deliver(sends)
             self._finished |= self._execute(batches)
+            if self._tuner is not None:
+                self._tune(batches)
         else:
             if outgoing:
                 self._sends.append(self.control_comm.isend(outgoing, dest=0, tag=_REQUEST_TAG))
@@ -416,7 +424,45 @@ class Engine:
         if batch.kind is Outcome.JOIN_DONE:
             self._complete("__join__", batch.value)
             return False
+        if batch.kind is Outcome.TUNE:
+            self.retune(Setting(*batch.value))
+            return False
         raise ValueError(f"unknown outcome {batch.kind!r}")
+
+    # -- autotuning ------------------------------------------------------------------------
+    def retune(self, setting: Setting) -> None:
+        """Use `setting` from the next cycle on. The autotuner's moves reach every rank as
+        TUNE batches; a caller of its own (benchmarks/autotune.py) calls this on every rank
+        with no collective in flight, since the algorithm must change on all at once."""
+        if self.coordinator is not None:
+            self.coordinator.fusion_threshold = setting.fusion_bytes
+        self._cycle_s = self._backoff_s = setting.cycle_ms / 1000.0
+        if setting.algorithm is not None:
+            self.algorithms.algorithm = setting.algorithm
+
+    def tuned_setting(self) -> Optional[Setting]:
+        """On rank 0 of an autotuned job, the setting the tuner chose, once it has; else None."""
+        return self._tuner.best if self._tuner is not None and self._tuner.done else None
+
+    def _make_tuner(self, settings) -> Autotuner:
+        # The algorithm is tuned across nodes only: on one node the engine reduces in
+        # shared memory whatever the setting (see CollectiveAlgorithms.engine_algorithm).
+        algorithms = () if self.algorithms.single_node else ("hierarchical", "ring", "mpi")
+        start = Setting(settings.fusion_threshold_bytes, settings.cycle_time_ms,
+                        self.algorithms.choose(1 << 30) if algorithms else None)
+        return Autotuner(start, algorithms, settings.autotune_warmup_samples, settings.autotune_steps_per_sample,
+                         log_path=settings.autotune_log)
+
+    def _tune(self, batches) -> None:
+        """Score the cycle that ran `batches`; move every rank to the tuner's next setting
+        (sent ahead of the next batches, so all ranks apply it between the same two)."""
+        nbytes = sum(fused_nbytes(request) for batch in batches
+                     if batch.kind is Collective.ALLREDUCE and batch.error is None and batch.requests
+                     for request in batch.requests)
+        setting = self._tuner.record(nbytes)
+        if setting is not None:
+            self.coordinator.fusion_threshold = setting.fusion_bytes  # batches it fuses from now on
+            self._tune_batch = Batch(Outcome.TUNE, value=dataclasses.astuple(setting))
 
     def _record_negotiation(self, batch, entries) -> None:
         start = now_us()

@@ -58,6 +58,7 @@ class Outcome(_TextEnum):
     JOIN_DONE = "join_done"  # every rank has joined; value: the last one to join
     SHUTDOWN = "shutdown"  # value: the first rank that shut down
     STALLED = "stalled"  # value: the stall inspector's report
+    TUNE = "tune"  # value: (fusion threshold bytes, cycle time ms, algorithm or None); see autotune
 
 
 class GroupLayout(_TextEnum):

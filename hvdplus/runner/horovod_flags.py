@@ -25,8 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper, help="HOROVOD_LOG_LEVEL for the ranks")
     group.add_argument("--start-timeout", type=int, metavar="SECONDS", help="HOROVOD_START_TIMEOUT for the ranks")
     group.add_argument("--disable-cache", action="store_true", help="no response cache (--cache-capacity 0)")
-    group.add_argument("--autotune", action="store_true", help="HOROVOD_AUTOTUNE=1 for the ranks")
-    group.add_argument("--autotune-log-file", metavar="FILE", help="HOROVOD_AUTOTUNE_LOG for the ranks")
     group.add_argument("--reset-limit", dest="max_restarts", type=int, default=argparse.SUPPRESS, metavar="N",
                        help="Horovod's name of --max-restarts")
 
@@ -45,10 +43,6 @@ def environment(args: argparse.Namespace) -> Dict[str, str]:
         env["HOROVOD_START_TIMEOUT"] = str(args.start_timeout)
     if getattr(args, "disable_cache", False):
         env["HOROVOD_CACHE_CAPACITY"] = "0"
-    if getattr(args, "autotune", False):
-        env["HOROVOD_AUTOTUNE"] = "1"
-    if getattr(args, "autotune_log_file", None):
-        env["HOROVOD_AUTOTUNE_LOG"] = os.path.abspath(args.autotune_log_file)
     return env
 
 

@@ -78,6 +78,15 @@ TUNING_FLAGS = (
         dict(choices=ALLREDUCE_ALGORITHMS, help="allreduce algorithm (default: auto)"),
     ),
     TuningFlag(
+        "--autotune", "AUTOTUNE", lambda _: "1",
+        dict(action="store_true", default=None,
+             help="tune fusion threshold, cycle time and (across nodes) algorithm while training"),
+    ),
+    TuningFlag(
+        "--autotune-log-file", "AUTOTUNE_LOG", os.path.abspath,
+        dict(metavar="PATH", help="write the autotuner's samples and choice to PATH as CSV"),
+    ),
+    TuningFlag(
         "--stall-check-time-seconds", "STALL_CHECK_TIME_SECONDS", _number,
         dict(type=_non_negative, metavar="S", help="warn when ranks wait for each other this long"),
     ),
