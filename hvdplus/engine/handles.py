@@ -62,13 +62,19 @@ def chained(first, second):
 
 
 class HandleGroup:
-    """Several handles that complete as one: `wait()` returns their results as a list."""
+    """Several handles that complete as one: `wait()` returns their results as a list (passed
+    through the steps `then` chains on, as for a Handle)."""
 
-    __slots__ = ("name", "handles")
+    __slots__ = ("name", "handles", "_finish")
 
     def __init__(self, name: str, handles):
         self.name = name
         self.handles = list(handles)
+        self._finish = None
+
+    def then(self, step):
+        self._finish = chained(self._finish, step)
+        return self
 
     def __repr__(self):
         return f"<hvdplus.HandleGroup {self.name!r} of {len(self.handles)}>"
@@ -80,4 +86,5 @@ class HandleGroup:
         return all([handle.poll() for handle in self.handles])
 
     def wait(self):
-        return [handle.wait() for handle in self.handles]
+        results = [handle.wait() for handle in self.handles]
+        return self._finish(results) if self._finish is not None else results

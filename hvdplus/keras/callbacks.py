@@ -39,23 +39,35 @@ def _stable_path(variable) -> str:
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, give every rank `root_rank`'s model and optimizer variables
     (the optimizer is built first if it has not created its variables yet), so that ranks
-    that initialised differently train one model. With `process_set`, only that set's ranks
-    take the values of `root_rank` (a job rank in the set); a rank outside it gets a
-    ValueError. `device` is accepted for Horovod's signature; hvdplus broadcasts from host
-    memory."""
+    that initialised differently train one model. A model that Keras builds only in its
+    first step (no input shape given) gets them at the end of that step instead, as in
+    Horovod. With `process_set`, only that set's ranks take the values of `root_rank` (a job
+    rank in the set); a rank outside it gets a ValueError. `device` is accepted for
+    Horovod's signature; hvdplus broadcasts from host memory."""
 
     def __init__(self, root_rank=0, device="", process_set=global_process_set):
         super().__init__()
         self.root_rank = root_rank
         self.process_set = process_set
+        self._done = False
 
     def on_train_begin(self, logs=None):
+        self._done = False
+        if self.model.built and self.model.variables:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._done:
+            self._broadcast()
+
+    def _broadcast(self):
         broadcast_variables(self.model.variables, self.root_rank, "model", self.process_set)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None:
             if not optimizer.built:
                 optimizer.build(self.model.trainable_variables)
             broadcast_variables(optimizer.variables, self.root_rank, "optimizer", self.process_set)
+        self._done = True
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -43,4 +43,15 @@ for a, b in zip(distributed.get_weights(), reference.get_weights()):
 # MetricAverageCallback: every rank logs the average of the ranks' epoch losses.
 losses = hvd.allgather_object(history.history["loss"][-1])
 assert all(abs(loss - losses[0]) < 1e-6 for loss in losses), losses
+# A model Keras builds in its first step (no input shape), initialised differently on each
+# rank: BroadcastGlobalVariablesCallback gives every rank rank 0's variables after that step.
+tf.keras.utils.set_random_seed(100 + rank)
+lazy = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="relu"), tf.keras.layers.Dense(1)])
+lazy.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05)), loss="mse")
+lazy.fit(x[mine], y[mine], batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0,
+         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+weights = hvd.allgather_object([w.tolist() for w in lazy.get_weights()])
+for other in weights[1:]:
+    for a, b in zip(weights[0], other):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-6, atol=1e-7)
 print(f"keras program ok on rank {rank}", flush=True)

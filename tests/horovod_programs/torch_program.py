@@ -3,9 +3,8 @@ tests/test_horovod_compat.py under `horovodrun` on 2 and 3 ranks. Every check is
 what Horovod documents, computed here with torch on one process; it prints
 "torch program ok on rank <r>" at the end."""
 
-import time
-
 import torch
+from mpi4py import MPI
 
 import horovod
 import horovod.torch as hvd
@@ -44,12 +43,14 @@ assert torch.equal(summed.to_dense(), sum(torch.zeros(4, 2).index_fill_(0, torch
 parts = hvd.grouped_reducescatter([torch.ones(size, 3) * (rank + 1)], op=hvd.Sum, name="grouped.rs")
 assert torch.equal(parts[0], torch.full((1, 3), size * (size + 1) / 2))
 
-# A queued operation polls as not done until every rank has submitted it.
-if rank == size - 1:
-    time.sleep(0.5)
+# A queued operation polls as not done until every rank has submitted it: the last rank
+# submits only once rank 0 has polled (it waits for rank 0's word, through mpi4py).
+if rank == size - 1 and size > 1:
+    MPI.COMM_WORLD.recv(source=0, tag=7)
 handle = hvd.allreduce_async(torch.ones(2), op=hvd.Sum, name="polled")
 if rank == 0 and size > 1:
     assert not hvd.poll(handle)
+    MPI.COMM_WORLD.send("polled", dest=size - 1, tag=7)
 assert torch.equal(hvd.synchronize(handle), torch.full((2,), float(size)))
 
 
@@ -78,8 +79,35 @@ for x, target in batches:
 for (name, mine), theirs in zip(model.named_parameters(), reference.parameters()):
     assert torch.allclose(mine, theirs, atol=1e-6), name
 
-# join(device) returns the rank that joined last.
+# DistributedOptimizer(op=Adasum) on a power-of-two number of ranks: with plain SGD, the
+# step is -lr * Adasum of the ranks' gradients (Horovod's combination of the steps).
+def adasum(a, b):
+    dot = torch.dot(a, b)
+    return (1 - dot / (2 * torch.dot(a, a))) * a + (1 - dot / (2 * torch.dot(b, b))) * b
+
+
+if size & (size - 1) == 0:
+    torch.manual_seed(5)
+    net = torch.nn.Linear(3, 2)
+    start = [p.detach().clone() for p in net.parameters()]
+    adasum_optimizer = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.5),
+                                                named_parameters=net.named_parameters(), op=hvd.Adasum)
+    inputs = torch.arange(3.0) + rank
+    adasum_optimizer.zero_grad()
+    (net(inputs) ** 2).sum().backward()
+    local = [p.grad.detach().clone().reshape(-1) for p in net.parameters()]
+    everyone = hvd.allgather_object(local)
+    adasum_optimizer.step()
+    for index, (param, before) in enumerate(zip(net.parameters(), start)):
+        level = [grads[index].double() for grads in everyone]
+        while len(level) > 1:
+            level = [adasum(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+        want = before.double().reshape(-1) - 0.5 * level[0]
+        assert torch.allclose(param.detach().double().reshape(-1), want, atol=1e-6), (index, param, want)
+
+# join(device) returns the rank that joined last: rank 0 all-reduces first, which completes
+# only once the others have joined (they add zeros).
 if rank == 0:
-    time.sleep(0.3)
+    assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum, name="before.join"), torch.ones(1))
 assert hvd.join(device=-1) == 0
 print(f"torch program ok on rank {rank}", flush=True)

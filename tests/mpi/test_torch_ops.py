@@ -1,6 +1,5 @@
 """hvdplus.torch collectives on real tensors against numpy/torch references, autograd, errors."""
 
-import time
 import warnings
 
 import pytest
@@ -253,9 +252,12 @@ def test_sparse_allreduce_async_matches_the_dense_reduction(op, rank, size):
 
 
 def test_join_takes_horovods_device_argument(rank, size):
-    if rank == size - 1:
-        time.sleep(0.3)  # joins last
-    assert hvd.join(device=-1) == size - 1
-    if rank == 0:
-        time.sleep(0.3)
-    assert hvd.join(-1) == 0
+    def join_last(last):
+        # The last rank all-reduces before joining: that completes only once every other
+        # rank's join has reached the coordinator (joined ranks add zeros), so it joins last.
+        if rank == last:
+            assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name=f"before.join.{last}"), torch.ones(2))
+        return hvd.join(device=-1) if last else hvd.join(-1)
+
+    assert join_last(size - 1) == size - 1
+    assert join_last(0) == 0
