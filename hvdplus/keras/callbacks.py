@@ -142,8 +142,8 @@ class _LearningRateCallback(keras.callbacks.Callback):
             print(f"\nEpoch {epoch:.3f}: {type(self).__name__} sets learning rate to {lr:.6g}")
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is not None:
-            logs["learning_rate"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        if logs is not None:  # Keras 3's key, and Horovod's
+            logs["learning_rate"] = logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
 
 
 class LearningRateWarmupCallback(_LearningRateCallback):
@@ -152,7 +152,9 @@ class LearningRateWarmupCallback(_LearningRateCallback):
 
         lr(epoch) = initial_lr / size * (1 + epoch * (size - 1) / warmup_epochs)
 
-    where `epoch` counts completed epochs plus the fraction of the current one. Arguments in
+    where `epoch` counts completed epochs plus the fraction of the current one, the current
+    batch included (as Horovod counts it, so the last batch of an epoch reaches a round
+    number). Arguments in
     Horovod's order; `momentum_correction` is accepted, and the momentum left as it is (see
     _LearningRateCallback)."""
 
@@ -162,6 +164,7 @@ class LearningRateWarmupCallback(_LearningRateCallback):
 
     def multiplier_at(self, epoch):
         size = runtime.size()
+        epoch += 1.0 / self._steps()
         return (1.0 + epoch * (size - 1) / self.warmup_epochs) / size
 
     def on_epoch_end(self, epoch, logs=None):
