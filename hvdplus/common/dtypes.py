@@ -20,7 +20,7 @@ __all__ = [
 
 SUPPORTED_DTYPE_NAMES = (
     "float16", "bfloat16", "float32", "float64",
-    "int8", "int16", "int32", "int64", "uint8", "bool",
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool",
 )
 _HALF_NAMES = ("float16", "bfloat16")
 

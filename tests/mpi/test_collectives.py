@@ -13,7 +13,7 @@ from hvdplus.engine import arguments
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 FLOATS = ["float16", ml_dtypes.bfloat16, "float32", "float64"]
-INTEGERS = ["int8", "int16", "int32", "int64", "uint8"]
+INTEGERS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 ALL_DTYPES = FLOATS + INTEGERS + ["bool"]
 SHAPES = [(), (0,), (1,), (7,), (3, 4, 5)]
 TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-5, "float64": 1e-12}

@@ -13,7 +13,7 @@ import hvdplus.tensorflow as hvd  # noqa: E402
 from conftest import rank_values  # noqa: E402
 
 FLOATS = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
-INTEGERS = [tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8]
+INTEGERS = [tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64]
 ALL = FLOATS + INTEGERS + [tf.bool]
 TOL = {tf.float16: 1e-2, tf.bfloat16: 3e-2, tf.float32: 1e-5, tf.float64: 1e-12}
 MODES = ["eager", "graph"]
