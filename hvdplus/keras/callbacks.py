@@ -41,14 +41,16 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     (the optimizer is built first if it has not created its variables yet), so that ranks
     that initialised differently train one model. A model that Keras builds only in its
     first step (no input shape given) gets them at the end of that step instead, as in
-    Horovod. With `process_set`, only that set's ranks take the values of `root_rank` (a job
-    rank in the set); a rank outside it gets a ValueError. `device` is accepted for
-    Horovod's signature; hvdplus broadcasts from host memory."""
+    Horovod. `local_variables` (as in Horovod) keep each rank's own values. With
+    `process_set`, only that set's ranks take the values of `root_rank` (a job rank in the
+    set); a rank outside it gets a ValueError. `device` is accepted for Horovod's signature;
+    hvdplus broadcasts from host memory."""
 
-    def __init__(self, root_rank=0, device="", process_set=global_process_set):
+    def __init__(self, root_rank=0, device="", local_variables=None, process_set=global_process_set):
         super().__init__()
         self.root_rank = root_rank
         self.process_set = process_set
+        self._local = {id(variable) for variable in (local_variables or [])}
         self._done = False
 
     def on_train_begin(self, logs=None):
@@ -61,13 +63,16 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self._broadcast()
 
     def _broadcast(self):
-        broadcast_variables(self.model.variables, self.root_rank, "model", self.process_set)
+        broadcast_variables(self._shared(self.model.variables), self.root_rank, "model", self.process_set)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None:
             if not optimizer.built:
                 optimizer.build(self.model.trainable_variables)
-            broadcast_variables(optimizer.variables, self.root_rank, "optimizer", self.process_set)
+            broadcast_variables(self._shared(optimizer.variables), self.root_rank, "optimizer", self.process_set)
         self._done = True
+
+    def _shared(self, variables):
+        return [variable for variable in variables if id(variable) not in self._local]
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

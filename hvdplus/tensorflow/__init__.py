@@ -10,11 +10,15 @@ from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, 
 from . import elastic
 from .compression import Compression
 from .cross_device_ops import CrossDeviceOps
-from .functions import allgather_object, broadcast_object, broadcast_variables
+from .functions import (
+    BroadcastGlobalVariablesHook, allgather_object, broadcast_, broadcast_global_variables, broadcast_object,
+    broadcast_variables,
+)
 from .gradient_tape import DistributedGradientTape
+from .graph_queries import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
 from .mpi_ops import (
-    allgather, allreduce, alltoall, barrier, broadcast, grouped_allgather, grouped_allreduce, join,
-    reducescatter,
+    allgather, allreduce, alltoall, barrier, broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter,
+    join, reducescatter,
 )
 from .optimizer import DistributedOptimizer
 from .p2p import recv, send

@@ -17,9 +17,42 @@ Eagerly, unnamed collectives are numbered by call order, as the core numbers the
 
 import tensorflow as tf
 
+from ..common.errors import HvdplusError, RanksFailedError, ShutdownError, StalledError, TensorMismatchError
 from ..engine.process_sets import set_runtime
 
-__all__ = ["collective_name", "what", "as_tensor", "run_on_host"]
+__all__ = ["collective_name", "what", "as_tensor", "run_on_host", "MismatchError", "AbortedError",
+           "FailedPreconditionError"]
+
+
+class FailedPreconditionError(HvdplusError, tf.errors.FailedPreconditionError):
+    """An hvdplus error that is also the tf.errors class Horovod raises for it (ranks that
+    disagree, a collective a joined rank cannot take part in)."""
+
+    def __init__(self, message):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
+class MismatchError(TensorMismatchError, FailedPreconditionError):
+    """TensorMismatchError, as the tf.errors.FailedPreconditionError Horovod raises."""
+
+
+class AbortedError(ShutdownError, tf.errors.AbortedError):
+    """A shut-down or stalled job, as the tf.errors.AbortedError Horovod raises."""
+
+    def __init__(self, message):
+        tf.errors.AbortedError.__init__(self, None, None, message)
+
+
+def _as_tensorflow_error(error: HvdplusError):
+    """`error` as the tf.errors class Horovod raises in its place, keeping hvdplus's class
+    and message; RanksFailedError (Horovod's HorovodInternalError) stays as it is."""
+    if isinstance(error, (RanksFailedError, tf.errors.OpError)):
+        return error
+    if isinstance(error, TensorMismatchError):
+        return MismatchError(str(error))
+    if isinstance(error, (ShutdownError, StalledError)):
+        return AbortedError(str(error))
+    return FailedPreconditionError(str(error))
 
 
 def collective_name(kind: str, name=None, process_set=None) -> str:
@@ -58,11 +91,17 @@ def as_tensor(value, description: str) -> tf.Tensor:
 def run_on_host(function, tensors, dtypes, shapes):
     """The tensors `function(*arrays)` returns (a list of arrays), with `dtypes`.
 
-    Eagerly it runs now. In a graph it becomes an op that runs it when the graph runs; its
-    outputs get the static `shapes` (a None dimension where unknown). An op without outputs
-    still runs: tf.function runs every stateful op it holds."""
+    Eagerly it runs now, and hvdplus's errors surface as the tf.errors classes Horovod raises
+    (see _as_tensorflow_error). In a graph it becomes an op that runs it when the graph runs;
+    its outputs get the static `shapes` (a None dimension where unknown), and an error
+    surfaces as the class TensorFlow gives a Python error in an op (InvalidArgumentError for
+    a mismatch): only a compiled op could raise another. An op without outputs still runs:
+    tf.function runs every stateful op it holds."""
     if tf.executing_eagerly():
-        results = function(*[tensor.numpy() for tensor in tensors])
+        try:
+            results = function(*[tensor.numpy() for tensor in tensors])
+        except HvdplusError as error:
+            raise _as_tensorflow_error(error) from error
         return [tf.convert_to_tensor(result, dtype=dtype) for result, dtype in zip(results, dtypes)]
     outputs = tf.numpy_function(function, list(tensors), list(dtypes), stateful=True)
     if not dtypes:

@@ -1,4 +1,5 @@
-"""Broadcasting variables from one rank, and object collectives."""
+"""Broadcasting variables from one rank (eagerly, in tf.function and in tf.compat.v1 graphs),
+and object collectives."""
 
 import tensorflow as tf
 
@@ -6,7 +7,8 @@ from ..engine import collectives
 from ..engine.process_sets import global_process_set
 from .buffers import collective_name, run_on_host
 
-__all__ = ["broadcast_variables", "broadcast_object", "allgather_object"]
+__all__ = ["broadcast_variables", "broadcast_", "broadcast_global_variables", "BroadcastGlobalVariablesHook",
+           "broadcast_object", "allgather_object"]
 
 
 def broadcast_variables(variables, root_rank=0, process_set=global_process_set):
@@ -14,7 +16,8 @@ def broadcast_variables(variables, root_rank=0, process_set=global_process_set):
     variables in the same order): one host op that broadcasts them all, then the assigns.
 
     Works eagerly and inside tf.function; Keras variables (`model.variables`) and
-    MirroredStrategy's mirrored variables included.
+    MirroredStrategy's mirrored variables included. In a tf.compat.v1 graph it returns the
+    op that does it, to run in a Session.
 
     Args:
         variables: e.g. `model.variables`, or `model.variables + optimizer.variables`.
@@ -33,8 +36,47 @@ def broadcast_variables(variables, root_rank=0, process_set=global_process_set):
         return [handle.wait() for handle in handles]
 
     broadcast = run_on_host(give, values, [value.dtype for value in values], [value.shape for value in values])
-    for variable, value in zip(variables, broadcast):
-        variable.assign(value)
+    assigns = [variable.assign(value) for variable, value in zip(variables, broadcast)]
+    # A tf.compat.v1 graph runs only the ops asked for; tf.function runs all of them.
+    return None if tf.executing_eagerly() or tf.inside_function() else tf.group(*assigns)
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Horovod's in-place broadcast: `root_rank`'s values assigned to `variables`; returns
+    their new values. `name` is accepted for Horovod's signature."""
+    variables = list(variables)
+    done = broadcast_variables(variables, root_rank, process_set)
+    with tf.control_dependencies([done] if done is not None else []):
+        return [variable.read_value() if hasattr(variable, "read_value") else tf.identity(variable)
+                for variable in variables]
+
+
+def broadcast_global_variables(root_rank):
+    """The op that gives every rank `root_rank`'s values of the graph's global variables, for
+    tf.compat.v1 graph programs; eagerly there are no global variables, as Horovod says."""
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. "
+                           "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """A SessionRunHook (tf.compat.v1.train.MonitoredTrainingSession, Estimator) that gives
+    every rank `root_rank`'s global variables once the session exists. `device` is accepted
+    for Horovod's signature; hvdplus broadcasts from host memory."""
+
+    def __init__(self, root_rank, device="", process_set=global_process_set):
+        super().__init__()
+        self.root_rank = root_rank
+        self.process_set = process_set
+        self.bcast_op = None
+
+    def begin(self):
+        if self.bcast_op is None or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            self.bcast_op = broadcast_variables(tf.compat.v1.global_variables(), self.root_rank, self.process_set)
+
+    def after_create_session(self, session, coord):
+        session.run(self.bcast_op)
 
 
 def broadcast_object(obj=None, root_rank=0, name=None, process_set=global_process_set):

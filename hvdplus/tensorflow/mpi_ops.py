@@ -4,10 +4,12 @@ Each works on eager tensors and inside tf.function (see buffers.run_on_host). Th
 gradients, so a model may call them in its forward pass:
 
     allreduce, grouped_allreduce   the same all-reduce of the upstream gradient (Sum, Average)
-    allgather                      the sum over ranks of the rows this rank contributed
-    broadcast                      on the root, the sum over ranks; zeros elsewhere
+    allgather                      the average over ranks of the rows this rank contributed
+    broadcast                      on the root, the average over ranks; zeros elsewhere
     alltoall                       the upstream rows sent back where they came from
-    reducescatter                  the upstream blocks allgathered (Sum, Average)
+    reducescatter                  the upstream blocks allgathered, times size() for Sum
+
+(the gradients Horovod defines: each rank's loss is taken as its share of one mean).
 
 Each takes `process_set=` (hvdplus.ProcessSet; the whole job by default): the collective, and
 its gradient, run over the ranks of that set only, which must all call it; ranks (broadcast
@@ -24,7 +26,7 @@ message.
 import numpy as np
 import tensorflow as tf
 
-from ..common.reduce_ops import Average, Sum, as_reduce_op, reduce_op_from
+from ..common.reduce_ops import Adasum, Average, Sum, as_reduce_op, reduce_op_from
 from ..common.scaling import Reduction
 from ..engine import collectives, runtime
 from ..engine.process_sets import global_process_set, set_runtime
@@ -33,7 +35,7 @@ from .compression import Compression
 
 __all__ = [
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
-    "alltoall", "reducescatter", "join", "barrier",
+    "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
 ]
 
 
@@ -125,15 +127,15 @@ def allreduce(tensor, average=None, compression=Compression.none, op=None, presc
 
 
 def _slices_scale(name, op, prescale, postscale, slices, process_set):
-    """The factor gathered IndexedSlices values take; ValueError when they cannot take it."""
-    scale = Reduction(op, prescale, postscale).factor(_set_size(process_set))
-    for piece in slices:
-        if op not in (Average, Sum):
-            raise ValueError(f"{what('allreduce', name)}: IndexedSlices take op Sum or Average, not {op.label}")
-        if scale != 1.0 and not piece.values.dtype.is_floating:
-            raise ValueError(f"{what('allreduce', name)}: IndexedSlices of {piece.values.dtype.name} "
-                             "cannot be averaged or scaled; use op=Sum")
-    return scale
+    """The factor gathered IndexedSlices values take, by Horovod's rules: whatever the op,
+    the slices are gathered (repeated indices add up where they are applied), and Average
+    divides the values by the set's size; hvdplus applies the scale factors too. Adasum
+    cannot combine slices."""
+    if slices and op == Adasum:
+        raise NotImplementedError(
+            f"{what('allreduce', name)}: the Adasum reduction does not currently support sparse tensors. "
+            "As a workaround please pass sparse_as_dense=True to DistributedOptimizer")
+    return Reduction(op if op == Average else Sum, prescale, postscale).factor(_set_size(process_set))
 
 
 def _reduce_group(dense, slices, name, op, prescale, postscale, process_set):
@@ -158,8 +160,9 @@ def _reduce_group(dense, slices, name, op, prescale, postscale, process_set):
     gathered = []
     for index, piece in enumerate(slices):
         values, indices = outputs[count + 2 * index:count + 2 * index + 2]
-        if scale != 1.0:
-            values = values * tf.cast(scale, values.dtype)
+        if scale != 1.0:  # integers become float64, as TensorFlow divides them in Horovod's Average
+            values = values * tf.cast(scale, values.dtype) if values.dtype.is_floating else \
+                tf.cast(values, tf.float64) * scale
         gathered.append(tf.IndexedSlices(values, indices, piece.dense_shape))
     return outputs[:count], gathered
 
@@ -190,7 +193,7 @@ def grouped_allreduce(tensors, average=None, compression=Compression.none, op=No
                    for t in tensors]
         slices = [t for t in tensors if isinstance(t, tf.IndexedSlices)]
         _slices_scale(name, op, prescale_factor, postscale_factor, slices, process_set)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, NotImplementedError) as error:
         return [_fail_everywhere(error, _group_names(name, tensors), process_set)] * len(tensors)
     dense = [(i, compression.compress(t)) for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     wires = [wire for _, (wire, _) in dense]
@@ -218,11 +221,11 @@ def _allgather(tensor, name, process_set):
     @tf.custom_gradient
     def gather(x):
         def grad(upstream):
-            summed = _allreduce(upstream, f"{name}.grad", Sum, 1.0, 1.0, process_set)
+            averaged = _allreduce(upstream, f"{name}.grad", Average, 1.0, 1.0, process_set)
             rows = _host_allgather(tf.shape(x, out_type=tf.int64)[:1], f"{name}.grad.rows", process_set)
             rank = set_runtime(process_set, "allgather()").topology.rank  # this rank's place in the set
             start = tf.reduce_sum(rows[:rank])
-            return summed[start:start + rows[rank]]
+            return averaged[start:start + rows[rank]]
 
         return _host_allgather(x, name, process_set), grad
 
@@ -258,8 +261,8 @@ def _broadcast(tensor, root_rank, name, process_set):
     @tf.custom_gradient
     def give(x):
         def grad(upstream):
-            summed = _allreduce(upstream, f"{name}.grad", Sum, 1.0, 1.0, process_set)
-            return summed if runtime.rank() == root_rank else tf.zeros_like(summed)  # job ranks both
+            averaged = _allreduce(upstream, f"{name}.grad", Average, 1.0, 1.0, process_set)
+            return averaged if runtime.rank() == root_rank else tf.zeros_like(averaged)  # job ranks both
 
         return _host_broadcast(x, root_rank, name, process_set), grad
 
@@ -333,8 +336,8 @@ def _reducescatter(tensor, name, op, prescale, postscale, process_set):
         def grad(upstream):
             _check_differentiable("reducescatter", op)
             gathered = _allgather(upstream, f"{name}.grad", process_set)
-            scale = Reduction(op, prescale, postscale).factor(_set_size(process_set))
-            return gathered * tf.cast(scale, gathered.dtype) if scale != 1.0 else gathered
+            # Horovod's gradient: the blocks gathered, times the set's size for Sum.
+            return gathered * tf.cast(_set_size(process_set), gathered.dtype) if op == Sum else gathered
 
         return _host_reducescatter(x, name, op, prescale, postscale, process_set), grad
 
@@ -354,6 +357,14 @@ def reducescatter(tensor, compression=Compression.none, op=Average, name=None, p
     wire, ctx = compression.compress(tensor)
     return compression.decompress(_reducescatter(wire, name, op, prescale_factor, postscale_factor, process_set),
                                   ctx)
+
+
+def grouped_reducescatter(tensors, compression=Compression.none, op=Average, name=None, prescale_factor=1.0,
+                          postscale_factor=1.0, process_set=global_process_set):
+    """Reducescatter each of `tensors` (named `name.0`, `name.1`...); returns a list."""
+    base = collective_name("grouped_reducescatter", name, process_set)
+    return [reducescatter(tensor, compression, op, f"{base}.{index}", prescale_factor, postscale_factor, process_set)
+            for index, tensor in enumerate(tensors)]
 
 
 # -- join and barrier ------------------------------------------------------------------------

@@ -54,4 +54,13 @@ weights = hvd.allgather_object([w.tolist() for w in lazy.get_weights()])
 for other in weights[1:]:
     for a, b in zip(weights[0], other):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-6, atol=1e-7)
+# local_variables keep each rank's own values: a bias set apart per rank stays apart by as
+# much, since every rank applies the same averaged gradients to it.
+apart = model(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05)))
+bias = apart.layers[-1].bias
+bias.assign([float(rank)])
+apart.fit(x[mine], y[mine], batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0, "", local_variables=[bias])])
+biases = hvd.allgather_object(float(bias.numpy()[0]))
+assert all(abs(b - biases[0] - r) < 1e-5 for r, b in enumerate(biases)), biases
 print(f"keras program ok on rank {rank}", flush=True)

@@ -190,18 +190,20 @@ def test_grouped_allreduce_gradient(mode, rank, size):
     np.testing.assert_allclose(grad_b.numpy(), np.full(3, float(size)))
 
 
+# Horovod's gradients of allgather and broadcast average the ranks' incoming gradients
+# (here the mean of r + 1 is (size + 1) / 2); reducescatter's gathers them, times size for Sum.
 @pytest.mark.parametrize("mode", MODES)
-def test_allgather_gradient_is_the_sum_of_my_rows(mode, rank, size):
+def test_allgather_gradient_is_the_average_of_my_rows(mode, rank, size):
     y = tf.Variable(tf.ones([rank + 1, 2]))
     (grad,) = gradient_of(mode, lambda: tf.reduce_sum(hvd.allgather(y) * (rank + 1)), y)
-    np.testing.assert_allclose(grad.numpy(), np.full((rank + 1, 2), size * (size + 1) / 2))
+    np.testing.assert_allclose(grad.numpy(), np.full((rank + 1, 2), (size + 1) / 2))
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_broadcast_gradient_goes_to_the_root(mode, rank, size):
     z = tf.Variable(tf.fill([2], float(rank)))
     (grad,) = gradient_of(mode, lambda: tf.reduce_sum(hvd.broadcast(z, root_rank=0) * (rank + 1)), z)
-    np.testing.assert_allclose(grad.numpy(), np.full(2, size * (size + 1) / 2 if rank == 0 else 0.0))
+    np.testing.assert_allclose(grad.numpy(), np.full(2, (size + 1) / 2 if rank == 0 else 0.0))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -220,7 +222,7 @@ def test_reducescatter_gradient_is_an_allgather(op, mode, rank, size):
     x = tf.Variable(tf.ones([2 * size, 2]))
     (grad,) = gradient_of(mode, lambda: tf.reduce_sum(hvd.reducescatter(x, op=op) * (rank + 1)), x)
     per_rank = np.repeat(np.arange(1.0, size + 1), 2)[:, None] * np.ones((1, 2))
-    np.testing.assert_allclose(grad.numpy(), per_rank / size if op == hvd.Average else per_rank)
+    np.testing.assert_allclose(grad.numpy(), per_rank if op == hvd.Average else per_rank * size)
 
 
 def test_min_has_no_gradient():
@@ -245,6 +247,24 @@ def test_indexed_slices_are_gathered(op, mode, rank, size):
         for row in (r % 6, (r + 1) % 6, 5):
             expected[row] += r + 1
     np.testing.assert_allclose(reduced.numpy(), expected / size if op == hvd.Average else expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_integer_indexed_slices_average_to_float64_as_horovod_does(mode, rank, size):
+    values, indices = tf.constant([[rank + 1, 2 * rank]], tf.int32), tf.constant([rank % 4])
+
+    def reduce(values, indices):
+        reduced = hvd.allreduce(tf.IndexedSlices(values, indices, tf.constant([4, 2], tf.int64)))
+        return reduced.values, reduced.indices
+
+    got_values, got_indices = run(mode, reduce, values, indices)
+    assert got_values.dtype == tf.float64
+    np.testing.assert_allclose(got_values.numpy(), [[(r + 1) / size, 2 * r / size] for r in range(size)])
+    np.testing.assert_array_equal(got_indices.numpy(), [r % 4 for r in range(size)])
+    # Ops other than Sum and Average gather too; Adasum cannot combine slices.
+    mins = run(mode, lambda v, i: hvd.allreduce(tf.IndexedSlices(v, i, tf.constant([4, 2], tf.int64)),
+                                                op=hvd.Min).values, values, indices)
+    np.testing.assert_array_equal(mins.numpy(), [[r + 1, 2 * r] for r in range(size)])
 
 
 # -- names, variables, objects, join -----------------------------------------------------------
@@ -320,3 +340,58 @@ def test_average_and_scale_factors_of_integers_truncate_as_horovod_does(mode, ra
         assert_close(run(mode, hvd.allreduce, mine), np.trunc(every.sum(0) / size), tf.int32)
     scaled = run(mode, lambda t: hvd.allreduce(t, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0), mine)
     assert_close(scaled, np.trunc(3.0 * np.trunc(0.5 * every).sum(0)), tf.int32)
+
+
+# -- Horovod's graph-mode ops, in-place broadcasts and error classes ------------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_query_ops_read_the_job_when_they_run(mode, rank, size):
+    values = run(mode, lambda: [hvd.size_op(), hvd.rank_op(), hvd.local_size_op(), hvd.local_rank_op(),
+                                hvd.process_set_included_op(), hvd.process_set_included_op(99)])
+    assert [int(v) for v in values] == [size, rank, hvd.local_size(), hvd.local_rank(), 1, -3]
+    assert all(v.dtype == tf.int32 for v in values)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_broadcast_in_place_and_grouped_reducescatter(mode, rank, size):
+    variables = [tf.Variable(tf.fill([2], float(rank))), tf.Variable(tf.fill([3], rank + 10))]
+    values = run(mode, lambda: hvd.broadcast_(variables, root_rank=size - 1))
+    np.testing.assert_array_equal(values[0].numpy(), [size - 1.0] * 2)
+    np.testing.assert_array_equal(variables[1].numpy(), [size + 9] * 3)
+    parts = run(mode, lambda: hvd.grouped_reducescatter([tf.ones([size, 2]) * (rank + 1), tf.ones([size])],
+                                                        op=hvd.Sum))
+    np.testing.assert_array_equal(parts[0].numpy(), np.full((1, 2), size * (size + 1) / 2))
+    np.testing.assert_array_equal(parts[1].numpy(), [size])
+
+
+def test_a_mismatch_is_horovods_failed_precondition_eagerly_and_invalid_argument_in_a_graph(rank, size):
+    if size < 2:
+        pytest.skip("needs two ranks")
+    shape = [2] if rank == 0 else [3]
+    with pytest.raises(tf.errors.FailedPreconditionError, match="Mismatched shapes") as caught:
+        hvd.allreduce(tf.ones(shape), name="mismatch.eager")
+    assert isinstance(caught.value, hvd.TensorMismatchError)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Mismatched shapes"):
+        tf.function(lambda: hvd.allreduce(tf.ones(shape), name="mismatch.graph"))()
+
+
+def test_compat_v1_graph_broadcasts_global_variables_and_runs_the_hook(rank, size):
+    with pytest.raises(RuntimeError, match="does not support eager execution"):
+        hvd.broadcast_global_variables(0)
+    graph = tf.Graph()
+    with graph.as_default():
+        weights = tf.compat.v1.get_variable("weights", initializer=tf.fill([3], float(rank + 1)))
+        step = tf.compat.v1.get_variable("step", initializer=tf.constant(rank * 10))
+        sync = hvd.broadcast_global_variables(root_rank=size - 1)
+        queries = [hvd.size_op(), hvd.rank_op()]
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(sync)
+            np.testing.assert_array_equal(session.run(weights), [float(size)] * 3)
+            assert session.run(step) == (size - 1) * 10
+            assert session.run(queries) == [size, rank]
+    graph = tf.Graph()
+    with graph.as_default():
+        weights = tf.compat.v1.get_variable("weights", initializer=tf.fill([2], float(rank)))
+        hook = hvd.BroadcastGlobalVariablesHook(0)
+        with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
+            np.testing.assert_array_equal(session.run(weights), [0.0, 0.0])

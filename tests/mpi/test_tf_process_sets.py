@@ -145,10 +145,11 @@ def test_gradients_run_over_the_same_set(mode, mine):
     np.testing.assert_allclose(grouped.numpy(), np.full((2, 2), set_weights))
     y = tf.Variable(tf.ones([rank + 1, 2]))
     (gathered,) = gradient_of(mode, lambda: tf.reduce_sum(hvd.allgather(y, process_set=mine)) * weight, y)
-    np.testing.assert_allclose(gathered.numpy(), np.full((rank + 1, 2), set_weights))
+    # Horovod's gradients: allgather's and broadcast's average over the set.
+    np.testing.assert_allclose(gathered.numpy(), np.full((rank + 1, 2), set_weights / n))
     root = mine.ranks[-1]
     (given,) = gradient_of(mode, lambda: tf.reduce_sum(hvd.broadcast(x, root, process_set=mine)) * weight, x)
-    np.testing.assert_allclose(given.numpy(), np.full((2, 2), set_weights if rank == root else 0.0))
+    np.testing.assert_allclose(given.numpy(), np.full((2, 2), set_weights / n if rank == root else 0.0))
     z = tf.Variable(tf.ones([2 * n, 2]))
     # Member i weights what it received by i + 1: the rows sent to member j come back with j + 1.
     (exchanged,) = gradient_of(mode, lambda: tf.reduce_sum(
@@ -156,7 +157,7 @@ def test_gradients_run_over_the_same_set(mode, mine):
     np.testing.assert_allclose(exchanged.numpy(), np.repeat(np.arange(1.0, n + 1), 2)[:, None] * np.ones((1, 2)))
     (scattered,) = gradient_of(mode, lambda: tf.reduce_sum(hvd.reducescatter(z, process_set=mine)) * weight, z)
     blocks = np.repeat([r + 1.0 for r in mine.ranks], 2)[:, None] * np.ones((1, 2))
-    np.testing.assert_allclose(scattered.numpy(), blocks / n)
+    np.testing.assert_allclose(scattered.numpy(), blocks)  # Average: the blocks gathered, as Horovod
 
 
 @pytest.mark.parametrize("mode", MODES)
