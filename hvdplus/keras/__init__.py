@@ -28,6 +28,14 @@ def init(comm=None, process_sets=None, quiet_other_ranks=True):
         keras.utils.disable_interactive_logging()
 
 
+def broadcast_global_variables(root_rank):
+    """Horovod's TF1-era call: Keras 3 has no global variables, so it raises, as Horovod's does
+    under TensorFlow 2. Use BroadcastGlobalVariablesCallback."""
+    raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. "
+                       "Please use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) in model.fit "
+                       "(or hvdplus.tensorflow.broadcast_variables(<model/optimizer variables>)) instead.")
+
+
 def verbose(level=1):
     """`level` on rank 0, 0 elsewhere: `model.fit(..., verbose=hvd.verbose())`."""
     return level if _runtime.rank() == 0 else 0
