@@ -14,7 +14,7 @@ from .functions import (
     BroadcastGlobalVariablesHook, allgather_object, broadcast_, broadcast_global_variables, broadcast_object,
     broadcast_variables,
 )
-from .gradient_tape import DistributedGradientTape
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .graph_queries import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
 from .mpi_ops import (
     allgather, allreduce, alltoall, barrier, broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter,

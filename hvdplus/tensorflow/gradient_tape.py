@@ -25,7 +25,12 @@ from ..engine.process_sets import ProcessSet, global_process_set, set_runtime
 from .compression import Compression
 from .mpi_ops import grouped_allreduce
 
-__all__ = ["DistributedGradientTape"]
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
+
+
+def _source_key(source):
+    """A hashable key for a variable: tf.Variable's ref(), or the identity of a Keras 3 Variable."""
+    return source.ref() if hasattr(source, "ref") else id(source)
 
 
 def _outside(process_set) -> bool:
@@ -36,7 +41,8 @@ def _outside(process_set) -> bool:
 class _DistributedGradientTape:
     """Mixed in before the wrapped tape's class, so the result is still that kind of tape."""
 
-    def _hvdplus_setup(self, compression, sparse_as_dense, op, gradient_predivide_factor, process_set):
+    def _hvdplus_setup(self, compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                       scale_local_gradients=True):
         op = as_reduce_op(op)
         if op not in (Average, Sum):
             raise ValueError(f"DistributedGradientTape takes op Average or Sum, got {op.label}")
@@ -49,6 +55,13 @@ class _DistributedGradientTape:
             self._reduction = gradient_reduction(op, gradient_predivide_factor, size)
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
+        self._local_sources = set()
+        self._scale_local_gradients = scale_local_gradients
+
+    def register_local_source(self, source):
+        """Keep `source`'s gradient on this rank, not reduced (divided by the set's size when
+        the tape scales local gradients), as Horovod's tape does."""
+        self._local_sources.add(_source_key(source))
 
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
@@ -58,9 +71,12 @@ class _DistributedGradientTape:
         if not self._reduces:
             return gradients
         flat = tf.nest.flatten(gradients)
-        present = [index for index, grad in enumerate(flat) if grad is not None]
+        local = self._local_indices(sources, len(flat))
+        present = [index for index, grad in enumerate(flat) if grad is not None and index not in local]
+        for index in local:
+            flat[index] = self._scaled_local(flat[index])
         if not present:
-            return gradients
+            return tf.nest.pack_sequence_as(gradients, flat)
         grads = [flat[index] for index in present]
         if self._sparse_as_dense:
             grads = [tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad for grad in grads]
@@ -72,22 +88,67 @@ class _DistributedGradientTape:
             flat[index] = grad
         return tf.nest.pack_sequence_as(gradients, flat)
 
+    def _local_indices(self, sources, count):
+        if not self._local_sources:
+            return set()
+        flat_sources = tf.nest.flatten(sources)
+        return {index for index, source in enumerate(flat_sources[:count]) if _source_key(source) in self._local_sources}
 
-def DistributedGradientTape(gradtape, compression=Compression.none, sparse_as_dense=False, op=Average,
-                            gradient_predivide_factor=1.0, process_set=global_process_set):
-    """Wrap `gradtape` (recorded or not yet entered) so that `gradient()` all-reduces.
+    def _scaled_local(self, grad):
+        if grad is None or not self._scale_local_gradients:
+            return grad
+        size = set_runtime(self._process_set, "DistributedGradientTape").topology.size
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+        return grad / size
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                            sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                            groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """Wrap `gradtape` (recorded or not yet entered) so that `gradient()` all-reduces;
+    arguments in Horovod's order.
 
     Args:
         gradtape: a tf.GradientTape; what it recorded, and whether it is persistent, carry over.
+        device_dense: accepted for Horovod's signature; hvdplus reduces on the host.
+        device_sparse: likewise.
         compression: Compression.none, .fp16 or .bf16 for the gradients on the wire.
         sparse_as_dense: densify IndexedSlices gradients instead of allgathering them.
         op: Average (default) or Sum over ranks.
         gradient_predivide_factor: with Average, divide by f before the sum and by size/f after.
+        num_groups: accepted for Horovod's signature; one `gradient()` call's gradients always
+            go to the engine as one group.
+        groups: likewise.
         process_set: the ranks whose gradients are averaged (size is the set's); the whole
             job by default. On a rank outside the set, `gradient()` is the wrapped tape's.
+        scale_local_gradients: divide the gradients of sources registered as local
+            (`register_local_source`, PartialDistributedGradientTape) by the set's size.
     """
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(gradtape.__dict__)
-    wrapped._hvdplus_setup(compression, sparse_as_dense, op, gradient_predivide_factor, process_set)
+    wrapped._hvdplus_setup(compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                           scale_local_gradients)
     return wrapped
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                                   sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """A DistributedGradientTape that keeps the gradients of `local_layers`' trainable
+    variables on each rank (divided by the set's size with `scale_local_gradients`), as
+    Horovod's does: for layers each rank trains on its own."""
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, tf.keras.layers.Layer):
+        local_layers = [local_layers]
+    elif not all(isinstance(layer, tf.keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for variable in layer.trainable_weights:
+            tape.register_local_source(variable)
+    return tape

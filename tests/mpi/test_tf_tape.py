@@ -134,3 +134,32 @@ def test_reduce_ops_without_meaning_for_gradients_are_refused():
         hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Max)
     with pytest.raises(ValueError, match="gradient_predivide_factor needs op=Average"):
         hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Sum, gradient_predivide_factor=2.0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_partial_tape_keeps_local_layers_gradients_and_scales_them(mode):
+    rank, size = hvd.rank(), hvd.size()
+    tf.keras.utils.set_random_seed(3)
+    shared, local = tf.keras.layers.Dense(2), tf.keras.layers.Dense(1)
+    x = tf.constant([[1.0 + rank, 2.0, -1.0]])
+    local(shared(x))  # builds both layers
+    variables = shared.trainable_weights + local.trainable_weights
+
+    def gradients():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(local(shared(x)) ** 2)
+        plain = tape.gradient(loss, variables)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(local(shared(x)) ** 2)
+        partial = hvd.PartialDistributedGradientTape(tape, local_layers=local).gradient(loss, variables)
+        return plain, partial
+
+    plain, partial = run(mode, gradients)
+    everyone = hvd.allgather_object([g.numpy() for g in plain]) if mode == "eager" else None
+    for index, (mine, got) in enumerate(zip(plain, partial)):
+        if index < len(shared.trainable_weights):  # shared: averaged over the ranks
+            want = np.mean([grads[index] for grads in everyone], axis=0) if everyone else None
+            if want is not None:
+                np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+        else:  # local: this rank's own, divided by the size, as Horovod scales them
+            np.testing.assert_allclose(got.numpy(), mine.numpy() / size, rtol=1e-5, atol=1e-6)
