@@ -16,7 +16,7 @@ from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, 
 from . import callbacks, elastic
 from .compression import Compression
 from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcast_object, reducescatter
-from .optimizer import DistributedOptimizer, distributed_class
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, distributed_class
 
 
 def init(comm=None, process_sets=None, quiet_other_ranks=True):

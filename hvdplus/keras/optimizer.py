@@ -13,6 +13,8 @@ gradients, not reduced.
 
 import weakref
 
+import keras
+
 from ..common.reduce_ops import Average
 from ..common.scaling import Reduction, gradient_reduction
 from ..engine import runtime
@@ -20,7 +22,7 @@ from ..engine.process_sets import ProcessSet, global_process_set
 from .compression import Compression
 from .mpi_ops import allreduce_gradients
 
-__all__ = ["DistributedOptimizer", "distributed_class"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "distributed_class"]
 
 _CLASSES = {}
 
@@ -31,6 +33,8 @@ class _DistributedOptimizer:
     _hvdplus_reduction = Reduction(Average)
     _hvdplus_compression = Compression.none
     _hvdplus_process_set = None  # the whole job
+    _hvdplus_local = frozenset()  # ids of variables whose gradients stay on this rank
+    _hvdplus_scale_local = True
 
     def _hvdplus_configure(self, op, backward_passes_per_step, average_aggregated_gradients,
                            gradient_predivide_factor, compression=None, process_set=None):
@@ -74,6 +78,11 @@ class _DistributedOptimizer:
     def apply(self, grads, trainable_variables=None):
         variables = trainable_variables if trainable_variables is not None else self._trainable_variables
         if self._hvdplus_reduces():
+            grads = list(grads)
+            # Local variables' gradients (PartialDistributedOptimizer) skip the all-reduce.
+            kept = {i: grads[i] for i, variable in enumerate(variables) if id(variable) in self._hvdplus_local}
+            for i in kept:
+                grads[i] = None
             op, prescale, postscale = self._hvdplus_reduction
             compression = self._hvdplus_compression
             # Without compression a gradient stays the very tensor (torch's .grad, reduced in place).
@@ -81,6 +90,8 @@ class _DistributedOptimizer:
             reduced = allreduce_gradients([wire for wire, _ in wires], list(variables), op, prescale, postscale,
                                           self._hvdplus_process_set)
             grads = [r if r is None else compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
+            for i, grad in kept.items():
+                grads[i] = grad / self._hvdplus_size() if self._hvdplus_scale_local and grad is not None else grad
         return super().apply(grads, trainable_variables)
 
 
@@ -121,4 +132,25 @@ def DistributedOptimizer(optimizer, compression=None, op=Average, backward_passe
     wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
     wrapped._hvdplus_configure(op, backward_passes_per_step, average_aggregated_gradients,
                                gradient_predivide_factor, compression, process_set)
+    return wrapped
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,
+                                sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False, groups=None,
+                                process_set=global_process_set, local_layers=None, scale_local_gradients=True):
+    """A DistributedOptimizer that keeps the gradients of `local_layers`' trainable variables
+    on each rank (divided by the number of ranks with `scale_local_gradients`), as Horovod's
+    does, in Horovod's argument order; `name`, `device_dense`, `device_sparse` and `groups`
+    are accepted for it."""
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    wrapped = DistributedOptimizer(optimizer, compression, op, backward_passes_per_step, average_aggregated_gradients,
+                                   gradient_predivide_factor, sparse_as_dense, process_set)
+    wrapped._hvdplus_local = frozenset(id(variable) for layer in local_layers for variable in layer.trainable_weights)
+    wrapped._hvdplus_scale_local = scale_local_gradients
     return wrapped

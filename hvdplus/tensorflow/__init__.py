@@ -22,3 +22,4 @@ from .mpi_ops import (
 )
 from .optimizer import DistributedOptimizer
 from .p2p import recv, send
+from .sync_batch_norm import SyncBatchNormalization

@@ -163,3 +163,23 @@ def test_partial_tape_keeps_local_layers_gradients_and_scales_them(mode):
                 np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
         else:  # local: this rank's own, divided by the size, as Horovod scales them
             np.testing.assert_allclose(got.numpy(), mine.numpy() / size, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sync_batch_normalization_normalizes_with_the_global_batch(mode):
+    rank, size = hvd.rank(), hvd.size()
+    rng = np.random.default_rng(9)
+    everyone = [rng.normal(loc=r, scale=1 + r, size=(r + 2, 3)).astype("float32") for r in range(size)]
+    layer = hvd.SyncBatchNormalization(momentum=0.5)
+    reference = tf.keras.layers.BatchNormalization(momentum=0.5)  # one process, the whole batch
+    mine = tf.constant(everyone[rank])
+
+    def forward():
+        return layer(mine, training=True)
+
+    got = run(mode, forward)
+    whole = reference(tf.constant(np.concatenate(everyone)), training=True)
+    start = sum(len(rows) for rows in everyone[:rank])
+    np.testing.assert_allclose(got.numpy(), whole.numpy()[start:start + len(everyone[rank])], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), reference.moving_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), reference.moving_variance.numpy(), rtol=1e-4)

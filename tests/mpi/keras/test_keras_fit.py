@@ -239,3 +239,27 @@ def test_apply_gradients_averages_and_leaves_the_callers_gradients_alone(rank, s
     optimizer.apply_gradients([(grad, variable)])
     np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), np.full(3, -(size + 1) / 2))
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(grad), np.full(3, rank + 1.0))
+
+
+def test_partial_distributed_optimizer_keeps_local_layers_gradients(rank, size):
+    def build():
+        keras.utils.set_random_seed(4)
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+
+    rng = np.random.default_rng(rank)
+    x, y = rng.normal(size=(5, 3)).astype("float32"), rng.normal(size=(5, 1)).astype("float32")
+    plain, partial = build(), build()
+    before = [w.copy() for w in plain.get_weights()]
+    plain.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    plain.fit(x, y, batch_size=5, epochs=1, verbose=0)
+    partial.compile(optimizer=hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                              local_layers=[partial.layers[1]]), loss="mse")
+    partial.fit(x, y, batch_size=5, epochs=1, verbose=0)
+    own_steps = [after - start for after, start in zip(plain.get_weights(), before)]
+    everyone = hvd.allgather_object([step.tolist() for step in own_steps])
+    for index, (after, start) in enumerate(zip(partial.get_weights(), before)):
+        if index < 2:  # the first Dense: the ranks' steps averaged
+            want = np.mean([np.array(steps[index]) for steps in everyone], axis=0)
+        else:  # the local Dense: this rank's own step, divided by the number of ranks
+            want = own_steps[index] / size
+        np.testing.assert_allclose(after - start, want, rtol=1e-4, atol=1e-6)
