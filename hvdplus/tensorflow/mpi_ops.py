@@ -160,9 +160,12 @@ def _reduce_group(dense, slices, name, op, prescale, postscale, process_set):
     gathered = []
     for index, piece in enumerate(slices):
         values, indices = outputs[count + 2 * index:count + 2 * index + 2]
-        if scale != 1.0:  # integers become float64, as TensorFlow divides them in Horovod's Average
-            values = values * tf.cast(scale, values.dtype) if values.dtype.is_floating else \
-                tf.cast(values, tf.float64) * scale
+        # Integers become float64, as TensorFlow's division makes them in Horovod's Average
+        # (whatever the size, one rank included).
+        if not values.dtype.is_floating and (scale != 1.0 or op == Average):
+            values = tf.cast(values, tf.float64) * scale
+        elif scale != 1.0:
+            values = values * tf.cast(scale, values.dtype)
         gathered.append(tf.IndexedSlices(values, indices, piece.dense_shape))
     return outputs[:count], gathered
 
