@@ -33,8 +33,8 @@ def image():
 def hosts(image, tmp_path):
     made = []
 
-    def make(count):
-        made.append(cluster.Cluster(count, str(tmp_path)))
+    def make(count, mounts=None):
+        made.append(cluster.Cluster(count, str(tmp_path), mounts))
         return made[-1]
 
     yield make
@@ -69,6 +69,58 @@ def test_distributed_optimizer_across_containers_trains_like_one_process(hosts, 
     assert result.returncode == 0, output
     for rank, host in enumerate(nodes.names[:1] * 2 + nodes.names[1:] * 2):
         assert f"trained {rank} on {host}" in result.stdout, output
+
+
+def test_an_elastic_job_across_containers_goes_on_without_a_dead_rank(hosts, image):
+    if not image:
+        pytest.skip("no local torch CPU wheel to put in the image (PIP_FIND_LINKS or /opt/wheels)")
+    sys.path.insert(0, os.path.join(cluster.REPO, "tests", "elastic_jobs"))
+    import replay  # the numpy replay of tests/test_elastic.py
+
+    nodes = hosts(3, mounts={os.path.join(cluster.REPO, "tests", "elastic_jobs"): "/elastic"})
+    # The rank on the third container kills itself at step 5; the two others re-form the job
+    # in place (ULFM) across their containers and finish the epochs.
+    result = nodes.run("hvdplusrun", "-np", "3", "--min-np", "2", "-H", nodes.hosts([1, 1, 1]), "python",
+                       "/elastic/torch_train.py", "/home/hvd/out.json", "--kill", "2:5:step", timeout=300)
+    output = result.stdout[-6000:] + result.stderr[-6000:]
+    assert result.returncode == 0, output
+    trained = json.loads(cluster.podman("exec", nodes.names[0], "cat", "/home/hvd/out.json").stdout)
+    replay.check_every_sample_once(trained)
+    replay.check_weights(trained)
+    assert replay.sizes(trained)[:5] == [3] * 5 and set(replay.sizes(trained)[5:]) == {2}, replay.sizes(trained)
+
+
+def test_an_elastic_job_restarts_without_a_container_killed_mid_job(hosts, image):
+    if not image:
+        pytest.skip("no local torch CPU wheel to put in the image (PIP_FIND_LINKS or /opt/wheels)")
+    sys.path.insert(0, os.path.join(cluster.REPO, "tests", "elastic_jobs"))
+    import replay
+
+    nodes = hosts(3, mounts={os.path.join(cluster.REPO, "tests", "elastic_jobs"): "/elastic"})
+    job = cluster.subprocess.Popen(
+        ["podman", "exec", "-u", "hvd", "-w", "/home/hvd", nodes.names[0], "hvdplusrun", "-np", "3", "--min-np", "2",
+         "-H", nodes.hosts([1, 1, 1]), "python", "/elastic/torch_train.py", "/home/hvd/out.json",
+         "--step-seconds", "0.5", "--grow", "/home/hvd/at_step_3:3:1"],  # a file rank 0 writes at step 3
+        stdout=cluster.subprocess.PIPE, stderr=cluster.subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while cluster.podman("exec", nodes.names[0], "test", "-f", "/home/hvd/at_step_3", check=False).returncode:
+            if job.poll() is not None:
+                raise AssertionError("the job ended before step 3:\n" + job.stdout.read()[-6000:])
+            assert time.monotonic() < deadline, "the job never reached step 3"
+            time.sleep(0.5)
+        # Open MPI ends every rank when it loses a host's daemon, ULFM or not: hvdplusrun
+        # restarts the job on the two containers left, without the lost one.
+        cluster.podman("kill", nodes.names[2])
+        output, _ = job.communicate(timeout=240)
+    finally:
+        job.kill()
+    assert job.returncode == 0, output[-6000:]
+    assert f"hosts ['{nodes.names[2]}'] are left out" in output
+    trained = json.loads(cluster.podman("exec", nodes.names[0], "cat", "/home/hvd/out.json").stdout)
+    replay.check_every_sample_once(trained)
+    replay.check_weights(trained)
+    assert set(replay.sizes(trained)) == {2}, replay.sizes(trained)  # no commit reached disk: from the start
 
 
 def test_an_unreachable_host_is_named_within_seconds(hosts):

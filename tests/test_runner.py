@@ -669,3 +669,13 @@ def test_a_job_that_lost_a_host_fails_even_when_mpirun_exits_0(capfd):
     assert run_supervised([sys.executable, "-c", script], lost_host_marker=OPEN_MPI_LOST_HOST) == 1
     assert "mpirun lost a host" in capfd.readouterr().err
     assert run_supervised([sys.executable, "-c", "print('fine')"], lost_host_marker=OPEN_MPI_LOST_HOST) == 0
+
+
+def test_the_hosts_a_job_lost_are_read_from_open_mpis_message():
+    message = ("PRTE has lost communication with a remote daemon.\n\n"
+               "  HNP daemon   : [prterun-node1-20@0,0] on node node1\n"
+               "  Remote daemon: [prterun-node1-20@0,2] on node node3\n")
+    script = f"import sys; sys.stderr.write({message!r})"
+    lost = []
+    assert run_supervised([sys.executable, "-c", script], lost_host_marker=OPEN_MPI_LOST_HOST, lost_hosts=lost) == 1
+    assert lost == ["node3"]

@@ -184,6 +184,17 @@ class _Launches:
             _say(f"{found} slots available (the job has {running}); the ranks restart at their next commit")
 
 
+def report_lost_hosts(folder: str, hosts: List[str]) -> None:
+    """Ask for a restart without `hosts`, which MPI lost along with the job (a host or its
+    container gone: Open MPI ends every rank then, in place or not), unless the ranks
+    already asked for one."""
+    request = elastic_files.take_restart(folder) or elastic_files.RestartRequest("failure")
+    # The ranks' own request names their dead peers' hosts, one per rank: the lost hosts join it.
+    request.failed_hosts += [host for host in hosts if host not in request.failed_hosts]
+    request.reason = "failure"
+    elastic_files.write_restart(folder, request)
+
+
 def run_elastic(options: ElasticOptions, discovery: HostDiscovery, start: Starter) -> int:
     """Run the job until it ends without asking to be restarted; return its exit status."""
     folder = tempfile.mkdtemp(prefix="hvdplusrun-elastic-")
@@ -219,7 +230,7 @@ def run_elastic(options: ElasticOptions, discovery: HostDiscovery, start: Starte
                 elastic_files.add_lost_hosts(folder, request.failed_hosts)
                 restarts += 1
                 blacklisted = sorted(host for host in request.failed_hosts if not _is_this_machine(host))
-                _say(f"ranks {request.failed_ranks} died"
+                _say((f"ranks {request.failed_ranks} died" if request.failed_ranks else "the job lost a host")
                      + (f"; hosts {blacklisted} are left out from now on" if blacklisted else "")
                      + f"; restart {restarts} of at most {options.max_restarts}")
                 if restarts > options.max_restarts:

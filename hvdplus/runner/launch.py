@@ -21,7 +21,7 @@ from . import check_build, horovod_flags
 from .command import (
     Job, OpenMpi, dialect_for, forwarded_env_names, guarded_command, local_core_count, needs_oversubscribe,
 )
-from .elastic import ElasticOptions, HostDiscovery, run_elastic
+from .elastic import ElasticOptions, HostDiscovery, report_lost_hosts, run_elastic
 from .errors import LaunchError
 from .hosts import Host, on_this_machine, parse_host_list, read_hostfile, total_slots
 from .lost_hosts import OPEN_MPI_LOST_HOST
@@ -160,14 +160,18 @@ def _launch_elastic(args: argparse.Namespace, hosts: List[Host]) -> int:
     )
 
     def start(job_hosts, num_proc, env, tick):
-        return _run_job(args, job_hosts, num_proc, extra_env=env, fault_tolerant=True, on_tick=tick,
-                        hostfile_given=False)
+        lost = []
+        status = _run_job(args, job_hosts, num_proc, extra_env=env, fault_tolerant=True, on_tick=tick,
+                          hostfile_given=False, lost_hosts=lost)
+        if lost:  # MPI ended the job with its ranks: restart it without the hosts it lost
+            report_lost_hosts(env["HVDPLUS_ELASTIC_DIR"], lost)
+        return status
 
     return run_elastic(options, HostDiscovery(args.host_discovery_script, hosts), start)
 
 
 def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_env=None,
-             fault_tolerant: bool = False, on_tick=None, hostfile_given: bool = True) -> int:
+             fault_tolerant: bool = False, on_tick=None, hostfile_given: bool = True, lost_hosts=None) -> int:
     """Run one mpirun of `num_proc` ranks on `hosts` to its end; return its exit status."""
     mpirun, dialect = _mpi()
     env = dict(os.environ, **tuning_environment(args), **horovod_flags.environment(args), **(extra_env or {}))
@@ -208,7 +212,7 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
         # Only a job with other hosts can lose one (see lost_hosts).
         watch = OPEN_MPI_LOST_HOST if isinstance(dialect, OpenMpi) and not on_this_machine(hosts) else None
         return run_supervised(argv, env, tag_lines=MARKER_PATTERN in argv, on_tick=on_tick,
-                              lost_host_marker=watch)
+                              lost_host_marker=watch, lost_hosts=lost_hosts)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -> int:

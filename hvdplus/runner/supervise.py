@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from .lost_hosts import start_watching_relay
+from .lost_hosts import lost_host_names, start_watching_relay
 from .rank_output import start_relay
 
 __all__ = ["FORWARDED_SIGNALS", "run_supervised", "exit_status", "kill_session"]
@@ -64,7 +64,7 @@ def kill_session(session_id: int) -> None:
 def run_supervised(
     argv: Sequence[str], env: Optional[Mapping[str, str]] = None, kill_after: float = 10.0,
     tag_lines: bool = False, on_tick: Optional[Callable[[], None]] = None,
-    lost_host_marker: Optional[bytes] = None,
+    lost_host_marker: Optional[bytes] = None, lost_hosts: Optional[List[str]] = None,
 ) -> int:
     """Run `argv` to completion, forwarding SIGINT/SIGTERM; return the launcher's exit status.
 
@@ -77,6 +77,7 @@ def run_supervised(
         on_tick: called about every POLL_SECONDS while mpirun runs (elastic host discovery).
         lost_host_marker: what mpirun writes to its standard error when it loses a host
             (lost_hosts); a job that did is reported failed even if mpirun exits with 0.
+        lost_hosts: a list to which the names of the hosts lost are added.
     """
     pipe = subprocess.PIPE if tag_lines else None
     watched = lost_host_marker is not None and not tag_lines
@@ -115,6 +116,9 @@ def run_supervised(
             # output a while, then for the rest of it to be written, however long that takes.
             if relay.at_end.wait(RELAY_DRAIN_SECONDS):
                 relay.join()
+    for relay in relays:
+        if lost_hosts is not None and getattr(relay, "seen", None) and relay.seen.is_set():
+            lost_hosts.extend(lost_host_names(bytes(relay.after_marker)))
     if returncode == 0 and any(getattr(relay, "seen", None) and relay.seen.is_set() for relay in relays):
         print("hvdplusrun: mpirun lost a host and ended the job, yet exited with 0; exiting with 1",
               file=sys.stderr, flush=True)
