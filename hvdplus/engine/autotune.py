@@ -60,7 +60,6 @@ class Autotuner:
         if algorithms:
             self._phases.append(("algorithm", list(algorithms)))
         self._queue: List[Setting] = []
-        self._scores = {}  # setting -> best sample score
         self._warmup_left = warmup_samples
         self._steps_per_sample = steps_per_sample
         self._samples_per_candidate = samples_per_candidate
@@ -100,7 +99,6 @@ class Autotuner:
                 return self._next_candidate()
             return None
         self._write_sample(self.current, score, self._phases[0][0] if self._phases else "")
-        self._scores[self.current] = max(score, self._scores.get(self.current, 0.0))
         if score > self._best_score:
             self.best, self._best_score = self.current, score
         self._samples_of_current += 1

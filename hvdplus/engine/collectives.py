@@ -156,12 +156,12 @@ def _adasum_async(array, name, prescale_factor, postscale_factor, output, proces
             raise TypeError(f"{what}: Adasum needs a floating dtype, got {dtype_name(data.dtype)}")
         if output is not None:
             arguments.check_output(output, data, what)
-        pre = arguments.reduction_arguments(data, ReduceOp.SUM, prescale_factor, postscale_factor, what)[1:]
+        _, prescale, postscale = arguments.reduction_arguments(data, ReduceOp.SUM, prescale_factor, postscale_factor,
+                                                               what)
     except NotImplementedError:
         raise  # the same on every rank: the size is
     except (TypeError, ValueError) as exc:
         return input_error_async("allgather", name, exc, process_set)
-    prescale, postscale = pre
     row = data.reshape(1, -1)
     if prescale != 1.0:
         row = apply_scale(row, prescale, out=np.empty_like(row))

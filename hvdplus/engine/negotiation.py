@@ -148,8 +148,8 @@ class Coordinator:
         absent = [r for r in range(self.size) if r not in entry.by_rank]
         kind = requests[0].kind
         if absent and kind not in JOINABLE:
-            return ("HvdplusError", f"{kind} '{name}' cannot run while ranks {absent} have joined "
-                                    f"(Horovod: {_NOT_WITH_JOIN.get(kind, '')})")
+            horovod = f" (Horovod: {_NOT_WITH_JOIN[kind]})" if kind in _NOT_WITH_JOIN else ""
+            return ("HvdplusError", f"{kind} '{name}' cannot run while ranks {absent} have joined{horovod}")
         if absent and kind is Collective.BROADCAST and requests[0].agree.root_rank in absent:
             return ("HvdplusError", f"broadcast '{name}': root rank {requests[0].agree.root_rank} has joined")
         if not entry.needs_check:

@@ -15,6 +15,7 @@ import weakref
 
 import keras
 
+from ..common.local_layers import local_layer_variables
 from ..common.reduce_ops import Average
 from ..common.scaling import Reduction, gradient_reduction
 from ..engine import runtime
@@ -90,8 +91,9 @@ class _DistributedOptimizer:
             reduced = allreduce_gradients([wire for wire, _ in wires], list(variables), op, prescale, postscale,
                                           self._hvdplus_process_set)
             grads = [r if r is None else compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
+            divisor = self._hvdplus_size() if self._hvdplus_scale_local else 1
             for i, grad in kept.items():
-                grads[i] = grad / self._hvdplus_size() if self._hvdplus_scale_local and grad is not None else grad
+                grads[i] = grad / divisor if divisor != 1 and grad is not None else grad
         return super().apply(grads, trainable_variables)
 
 
@@ -143,14 +145,9 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
     on each rank (divided by the number of ranks with `scale_local_gradients`), as Horovod's
     does, in Horovod's argument order; `name`, `device_dense`, `device_sparse` and `groups`
     are accepted for it."""
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    local = local_layer_variables(local_layers, keras.layers.Layer, "keras.layers.Layer")
     wrapped = DistributedOptimizer(optimizer, compression, op, backward_passes_per_step, average_aggregated_gradients,
                                    gradient_predivide_factor, sparse_as_dense, process_set)
-    wrapped._hvdplus_local = frozenset(id(variable) for layer in local_layers for variable in layer.trainable_weights)
+    wrapped._hvdplus_local = frozenset(id(variable) for variable in local)
     wrapped._hvdplus_scale_local = scale_local_gradients
     return wrapped

@@ -7,7 +7,6 @@ Flags with a meaning here become the variables Horovod's ranks read (HOROVOD_LOG
 
 import argparse
 import os
-import sys
 from typing import Dict, Optional
 
 from ..horovod_alias import PATH as ALIAS_PATH, real_horovod

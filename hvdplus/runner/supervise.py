@@ -116,10 +116,11 @@ def run_supervised(
             # output a while, then for the rest of it to be written, however long that takes.
             if relay.at_end.wait(RELAY_DRAIN_SECONDS):
                 relay.join()
-    for relay in relays:
-        if lost_hosts is not None and getattr(relay, "seen", None) and relay.seen.is_set():
+    lost = [relay for relay in relays if getattr(relay, "seen", None) and relay.seen.is_set()]
+    if lost_hosts is not None:
+        for relay in lost:
             lost_hosts.extend(lost_host_names(bytes(relay.after_marker)))
-    if returncode == 0 and any(getattr(relay, "seen", None) and relay.seen.is_set() for relay in relays):
+    if returncode == 0 and lost:
         print("hvdplusrun: mpirun lost a host and ended the job, yet exited with 0; exiting with 1",
               file=sys.stderr, flush=True)
         returncode = 1

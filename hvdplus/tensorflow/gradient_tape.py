@@ -19,6 +19,7 @@ the set gets its own gradients back, not reduced.
 
 import tensorflow as tf
 
+from ..common.local_layers import local_layer_variables
 from ..common.reduce_ops import Average, Sum, as_reduce_op
 from ..common.scaling import gradient_reduction
 from ..engine.process_sets import ProcessSet, global_process_set, set_runtime
@@ -51,8 +52,8 @@ class _DistributedGradientTape:
         self._process_set = process_set
         self._reduces = not _outside(process_set)
         if self._reduces:
-            size = set_runtime(process_set, "DistributedGradientTape").topology.size
-            self._reduction = gradient_reduction(op, gradient_predivide_factor, size)
+            self._size = set_runtime(process_set, "DistributedGradientTape").topology.size
+            self._reduction = gradient_reduction(op, gradient_predivide_factor, self._size)
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
         self._local_sources = set()
@@ -97,10 +98,9 @@ class _DistributedGradientTape:
     def _scaled_local(self, grad):
         if grad is None or not self._scale_local_gradients:
             return grad
-        size = set_runtime(self._process_set, "DistributedGradientTape").topology.size
         if isinstance(grad, tf.IndexedSlices):
-            return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
-        return grad / size
+            return tf.IndexedSlices(grad.values / self._size, grad.indices, grad.dense_shape)
+        return grad / self._size
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
@@ -140,15 +140,9 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", 
     """A DistributedGradientTape that keeps the gradients of `local_layers`' trainable
     variables on each rank (divided by the set's size with `scale_local_gradients`), as
     Horovod's does: for layers each rank trains on its own."""
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, tf.keras.layers.Layer):
-        local_layers = [local_layers]
-    elif not all(isinstance(layer, tf.keras.layers.Layer) for layer in local_layers):
-        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    local = local_layer_variables(local_layers, tf.keras.layers.Layer, "tf.keras.layers.Layer")
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                                    gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
-    for layer in local_layers:
-        for variable in layer.trainable_weights:
-            tape.register_local_source(variable)
+    for variable in local:
+        tape.register_local_source(variable)
     return tape

@@ -18,7 +18,7 @@ import types
 from hvdplus.horovod_alias import PATH, real_horovod
 from hvdplus.version import __version__ as _hvdplus_version
 
-_real = real_horovod(entry for entry in sys.path if os.path.abspath(entry or os.getcwd()) != PATH)
+_real = real_horovod()
 if _real is not None:
     raise ImportError(
         f"hvdplus's Horovod alias ({os.path.join(PATH, 'horovod')}) will not shadow the Horovod installed at "
