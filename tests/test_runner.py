@@ -31,7 +31,7 @@ from hvdplus.runner.hosts import (
     Host, format_host_list, hydra_hostfile_text, on_this_machine, parse_host_list, parse_hostfile,
 )
 from hvdplus.runner.launch import launch, parse_args
-from hvdplus.runner.lost_hosts import OPEN_MPI_LOST_HOST
+from hvdplus.runner.lost_hosts import OPEN_MPI_LOST_HOST, OPEN_MPI_LOST_HOST_MARKERS
 from hvdplus.runner.mpi_discovery import (
     MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi, parse_version_output,
 )
@@ -666,9 +666,9 @@ def test_a_job_that_lost_a_host_fails_even_when_mpirun_exits_0(capfd):
     marker = OPEN_MPI_LOST_HOST.decode()
     script = (f"import sys, time; sys.stderr.write({marker[:10]!r}); sys.stderr.flush(); time.sleep(0.2); "
               f"sys.stderr.write({marker[10:]!r} + '\\n')")
-    assert run_supervised([sys.executable, "-c", script], lost_host_marker=OPEN_MPI_LOST_HOST) == 1
+    assert run_supervised([sys.executable, "-c", script], lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS) == 1
     assert "mpirun lost a host" in capfd.readouterr().err
-    assert run_supervised([sys.executable, "-c", "print('fine')"], lost_host_marker=OPEN_MPI_LOST_HOST) == 0
+    assert run_supervised([sys.executable, "-c", "print('fine')"], lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS) == 0
 
 
 def test_the_hosts_a_job_lost_are_read_from_open_mpis_message():
@@ -677,5 +677,34 @@ def test_the_hosts_a_job_lost_are_read_from_open_mpis_message():
                "  Remote daemon: [prterun-node1-20@0,2] on node node3\n")
     script = f"import sys; sys.stderr.write({message!r})"
     lost = []
-    assert run_supervised([sys.executable, "-c", script], lost_host_marker=OPEN_MPI_LOST_HOST, lost_hosts=lost) == 1
+    assert run_supervised([sys.executable, "-c", script], lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS, lost_hosts=lost) == 1
     assert lost == ["node3"]
+
+
+def test_a_host_whose_ssh_session_ended_is_read_as_lost():
+    # What prterun printed when a container was killed while its job ran (ssh exits first).
+    message = ("Connection to node3 closed by remote host.\n"
+               "------------------------------------------------------------\n"
+               "A daemon failed to report back after being spawned. This could\n"
+               "be due to several factors, including inability to find the\n"
+               "daemon executable, or the executable was unable to find its\n"
+               "required supporting libraries. In some cases, the daemon was\n"
+               "able to execute, but was unable to complete a TCP connection\n"
+               "back to prterun:\n\n"
+               "  Local host:    node1\n"
+               "  Remote host:   node3\n"
+               "  Daemon exit status: 255\n")
+    script = f"import sys; sys.stderr.write({message!r}); sys.exit(255)"
+    lost = []
+    assert run_supervised([sys.executable, "-c", script], lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS,
+                          lost_hosts=lost) == 255
+    assert lost == ["node3"]
+
+
+def test_only_the_hosts_named_in_a_lost_host_message_are_lost():
+    from hvdplus.runner.lost_hosts import lost_host_names
+    both = (b"PRTE has lost communication with a remote daemon.\n  Remote daemon: [p@0,2] on node b\n"
+            b"A daemon failed to report back after being spawned.\n  Local host: a\n  Remote host:   c\n")
+    assert lost_host_names(both) == ["b", "c"]
+    # "Remote host:" in another message (a TCP warning) names no lost host.
+    assert lost_host_names(b"WARNING: Open MPI failed to TCP connect\n  Remote host: d\n") == []

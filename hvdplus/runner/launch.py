@@ -24,7 +24,7 @@ from .command import (
 from .elastic import ElasticOptions, HostDiscovery, report_lost_hosts, run_elastic
 from .errors import LaunchError
 from .hosts import Host, on_this_machine, parse_host_list, read_hostfile, total_slots
-from .lost_hosts import OPEN_MPI_LOST_HOST
+from .lost_hosts import OPEN_MPI_LOST_HOST_MARKERS
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
 from .rank_output import MARKER_PATTERN
 from .rank_threads import rank_threads_environment, threads_note, usable_cores
@@ -210,9 +210,9 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
             print(shlex.join(argv), flush=True)
         # A launcher that marks its output's pieces leaves the lines to hvdplusrun (rank_output).
         # Only a job with other hosts can lose one (see lost_hosts).
-        watch = OPEN_MPI_LOST_HOST if isinstance(dialect, OpenMpi) and not on_this_machine(hosts) else None
+        watch = OPEN_MPI_LOST_HOST_MARKERS if isinstance(dialect, OpenMpi) and not on_this_machine(hosts) else None
         return run_supervised(argv, env, tag_lines=MARKER_PATTERN in argv, on_tick=on_tick,
-                              lost_host_marker=watch, lost_hosts=lost_hosts)
+                              lost_host_markers=watch, lost_hosts=lost_hosts)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -> int:

@@ -9,31 +9,48 @@ mpirun's standard error through `start_watching_relay` and reports such a job as
 import os
 import re
 import threading
-from typing import BinaryIO, List
+from typing import BinaryIO, List, Sequence
 
-__all__ = ["OPEN_MPI_LOST_HOST", "start_watching_relay", "lost_host_names"]
+__all__ = ["OPEN_MPI_LOST_HOST", "OPEN_MPI_LOST_HOST_MARKERS", "start_watching_relay", "lost_host_names"]
 
-# Open MPI 4 (ORTE) and 5 (PRTE) word it alike after their own name, and then name the host:
-# "Remote daemon: [prterun-...@0,2] on node node3".
+# What starts each of Open MPI's messages about a host gone, and where that message names it.
+# Open MPI 4 (ORTE) and 5 (PRTE) say after their own name that they lost a remote daemon:
+# "Remote daemon: [prterun-...@0,2] on node node3". When the host's ssh session ends first
+# (its container killed), prterun says instead that the daemon failed to report back,
+# naming "Remote host:   node3" after "Local host:".
 OPEN_MPI_LOST_HOST = b"has lost communication with a remote daemon"
-_LOST_NODE = re.compile(rb"Remote daemon:[^\n]*? on node (\S+)")
+_OPEN_MPI_MESSAGES = (
+    (OPEN_MPI_LOST_HOST, re.compile(rb"Remote daemon:[^\n]*? on node (\S+)")),
+    (b"A daemon failed to report back", re.compile(rb"Remote host:[ \t]*(\S+)")),
+)
+OPEN_MPI_LOST_HOST_MARKERS = tuple(marker for marker, _ in _OPEN_MPI_MESSAGES)
+_MESSAGE_BYTES = 2048  # a message names its host within this many bytes of its start
 _READ_BYTES = 65536
-_KEPT_BYTES = 1 << 18  # of the text after the marker, enough for the message and its host
+_KEPT_BYTES = 1 << 18  # of the text after the first marker, enough for the messages and hosts
 
 
 def lost_host_names(text: bytes) -> List[str]:
-    """The hosts an Open MPI message about lost daemons names, in order, once each."""
-    return list(dict.fromkeys(name.decode(errors="replace") for name in _LOST_NODE.findall(text)))
+    """The hosts Open MPI's messages about lost daemons in `text` name, in order, once each."""
+    found = []  # (where the name is, name)
+    for marker, names_host in _OPEN_MPI_MESSAGES:
+        start = text.find(marker)
+        while start >= 0:
+            match = names_host.search(text, start, start + _MESSAGE_BYTES)
+            if match:
+                found.append((match.start(1), match.group(1).decode(errors="replace")))
+            start = text.find(marker, start + len(marker))
+    return list(dict.fromkeys(name for _, name in sorted(found)))
 
 
-def start_watching_relay(source: BinaryIO, target: BinaryIO, marker: bytes) -> threading.Thread:
+def start_watching_relay(source: BinaryIO, target: BinaryIO, markers: Sequence[bytes]) -> threading.Thread:
     """Copy `source` to `target` until it ends, in a thread whose `seen` event is set once
-    `marker` has gone by and whose `at_end` event is set when `source` has ended; its
-    `after_marker` holds the text from the marker on (the start of it), where Open MPI names
+    one of `markers` has gone by and whose `at_end` event is set when `source` has ended; its
+    `after_marker` holds the text from that marker on (the start of it), where Open MPI names
     the host. `source` is read to its end whatever happens to `target` (a full pipe would
     stop mpirun)."""
     seen, at_end = threading.Event(), threading.Event()
     after_marker = bytearray()
+    longest = max(len(marker) for marker in markers)
 
     def relay() -> None:
         fd = source.fileno()
@@ -44,13 +61,16 @@ def start_watching_relay(source: BinaryIO, target: BinaryIO, marker: bytes) -> t
                 data = os.read(fd, _READ_BYTES)
                 if not data:
                     break
-                if not seen.is_set() and marker in tail + data:
-                    seen.set()
-                    data_from = (tail + data)
-                    after_marker.extend(data_from[data_from.index(marker):])
-                elif seen.is_set() and len(after_marker) < _KEPT_BYTES:
+                if not seen.is_set():
+                    joined = tail + data
+                    starts = [joined.find(marker) for marker in markers]
+                    starts = [start for start in starts if start >= 0]
+                    if starts:
+                        seen.set()
+                        after_marker.extend(joined[min(starts):])
+                elif len(after_marker) < _KEPT_BYTES:
                     after_marker.extend(data)
-                tail = (tail + data)[-len(marker):]
+                tail = (tail + data)[-longest:]
                 if target_open:
                     try:
                         target.write(data)

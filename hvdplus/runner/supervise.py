@@ -64,7 +64,7 @@ def kill_session(session_id: int) -> None:
 def run_supervised(
     argv: Sequence[str], env: Optional[Mapping[str, str]] = None, kill_after: float = 10.0,
     tag_lines: bool = False, on_tick: Optional[Callable[[], None]] = None,
-    lost_host_marker: Optional[bytes] = None, lost_hosts: Optional[List[str]] = None,
+    lost_host_markers: Optional[Sequence[bytes]] = None, lost_hosts: Optional[List[str]] = None,
 ) -> int:
     """Run `argv` to completion, forwarding SIGINT/SIGTERM; return the launcher's exit status.
 
@@ -75,12 +75,12 @@ def run_supervised(
         tag_lines: mpirun marks each piece of output with its rank (`rank_output`);
             write whole lines tagged with it instead.
         on_tick: called about every POLL_SECONDS while mpirun runs (elastic host discovery).
-        lost_host_marker: what mpirun writes to its standard error when it loses a host
+        lost_host_markers: what mpirun writes to its standard error when it loses a host
             (lost_hosts); a job that did is reported failed even if mpirun exits with 0.
         lost_hosts: a list to which the names of the hosts lost are added.
     """
     pipe = subprocess.PIPE if tag_lines else None
-    watched = lost_host_marker is not None and not tag_lines
+    watched = lost_host_markers is not None and not tag_lines
     child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe,
                              stderr=subprocess.PIPE if watched else pipe)
     relays = []
@@ -88,7 +88,7 @@ def run_supervised(
         relays = [start_relay(child.stdout, sys.stdout.buffer),
                   start_relay(child.stderr, sys.stderr.buffer)]
     elif watched:
-        relays = [start_watching_relay(child.stderr, sys.stderr.buffer, lost_host_marker)]
+        relays = [start_watching_relay(child.stderr, sys.stderr.buffer, lost_host_markers)]
     received: List[Tuple[int, float]] = []  # (signal, when), first one first
 
     def forward(signum, _frame):
