@@ -95,7 +95,8 @@ class CollectiveAlgorithms:
         self.single_copy = open_single_copy(self.window, topology.local_comm) if single_copy and self.window else None
         self.outputs = OutputPool()
         # The engine's thread runs beside the training loop on the same cores: there, waiting
-        # for a slower rank must yield the core, which only the shared window's barrier does.
+        # for a slower rank must yield the core, which the shared window's barrier does and
+        # MPI_Allreduce does not.
         self.engine_algorithm = "shm" if algorithm == "auto" and self.single_node and self.window else None
 
     def free(self) -> None:

@@ -22,6 +22,7 @@ from mpi4py import MPI
 
 from ..common.reduce_ops import ReduceOp
 from .mpi_collectives import MPI_OPS, reducescatter_rows
+from .waiting import wait, wait_all
 
 __all__ = ["hierarchical_allreduce", "PIECE_BYTES"]
 
@@ -79,7 +80,7 @@ def _allreduce_by_shards(topology, flat, op, cross_allreduce, piece_bytes):
     reducing = reduce_in_node(pieces[0])
     for index, piece in enumerate(pieces):
         request, counts = reducing
-        request.Wait()
+        wait(request)
         if index + 1 < len(pieces):
             reducing = reduce_in_node(pieces[index + 1])
         start = sum(counts[:local_rank])
@@ -89,7 +90,7 @@ def _allreduce_by_shards(topology, flat, op, cross_allreduce, piece_bytes):
         cross_allreduce(topology.cross_comm, shard, op)
         displacements = [sum(counts[:r]) for r in range(local_size)]
         gathers.append(local.Iallgatherv(MPI.IN_PLACE, [piece, (counts, displacements)]))
-    MPI.Request.Waitall(gathers)
+    wait_all(gathers)
 
 
 def _allreduce_through_leaders(topology, flat, op, cross_allreduce):

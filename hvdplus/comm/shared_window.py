@@ -22,9 +22,7 @@ written before a counter is visible before it); elsewhere MPI_Barrier is used.
 """
 
 import itertools
-import os
 import platform
-import time
 from typing import List
 
 import numpy as np
@@ -34,6 +32,7 @@ from .failures import check_peers
 from .memory import same_memory
 from .pieces import pieces_of
 from .reduction import UFUNCS, apply_scale
+from .waiting import wait_until
 
 __all__ = ["SharedWindow"]
 
@@ -41,13 +40,6 @@ __all__ = ["SharedWindow"]
 CHUNK_BYTES = 4 * 1024 * 1024
 # Each segment starts with its rank's barrier counter, alone on a cache line.
 HEADER_BYTES = 64
-# A barrier yields the core this many times (about a millisecond when nothing else runs),
-# then sleeps between looks: a peer that is still computing may take much longer.
-_YIELDS_BEFORE_SLEEP = 2000
-_SLEEP_S = 50e-6
-# While sleeping, ask MPI this often (in looks) whether a peer died: a dead rank never
-# arrives, and only MPI can tell.
-_LOOKS_PER_PEER_CHECK = 256
 _STORES_ARE_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
@@ -75,16 +67,8 @@ class SharedWindow:
         self._arrivals += 1
         arrivals = self._arrivals
         self._counters[self.rank][0] = arrivals
-        looks = 0
         for counter in self._counters:
-            while counter[0] < arrivals:
-                looks += 1
-                if looks < _YIELDS_BEFORE_SLEEP:
-                    os.sched_yield()
-                else:
-                    time.sleep(_SLEEP_S)
-                    if looks % _LOOKS_PER_PEER_CHECK == 0:
-                        check_peers(self.comm)
+            wait_until(lambda: counter[0] >= arrivals, lambda: check_peers(self.comm))
 
     def free(self) -> None:
         self._views.clear()
