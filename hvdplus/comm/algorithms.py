@@ -32,6 +32,7 @@ from .reduction import apply_scale
 from .ring import ring_allreduce
 from .shared_window import SharedWindow
 from .single_copy import open_single_copy
+from .waiting import arrive_together
 
 __all__ = ["CollectiveAlgorithms", "SMALL_BYTES"]
 
@@ -54,6 +55,9 @@ MPI_PER_ARRAY_BYTES = (SMALL_BYTES, 16 * 1024 * 1024)
 # From here up, reading the peers' buffers directly (single_copy) beats staging through the
 # shared window.
 SINGLE_COPY_BYTES = 1024 * 1024
+# From here up, the ranks meet before an all-reduce outside the shared window (a barrier
+# that does not spin, see waiting): its latency is small beside the transfer.
+ARRIVE_TOGETHER_BYTES = 1024 * 1024
 
 
 def _mpi_allreduce(comm, flat, op):
@@ -130,10 +134,12 @@ class CollectiveAlgorithms:
                 return output
             return self.window.allreduce(source, op, output)
         if algorithm == "mpi" and output is not source:
+            self._arrive_together(source.nbytes)
             self.comm.Allreduce(source, output, op=mpi_collectives.MPI_OPS[op])
             return output
         if output is not source:
             output[...] = source
+        self._arrive_together(source.nbytes)
         if algorithm == "mpi":
             _mpi_allreduce(self.comm, output, op)
         elif algorithm == "ring":
@@ -146,6 +152,13 @@ class CollectiveAlgorithms:
         else:
             raise ValueError(f"unknown all-reduce algorithm {algorithm!r}")
         return output
+
+    def _arrive_together(self, nbytes: int) -> None:
+        """Before moving a large buffer, wait for every rank without spinning: ranks that
+        arrive first would spin in MPI and, where ranks outnumber cores, keep the last from
+        preparing their data (see waiting)."""
+        if nbytes >= ARRIVE_TOGETHER_BYTES:
+            arrive_together(self.comm)
 
     def allreduce(self, array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
                   algorithm=None, output=None):

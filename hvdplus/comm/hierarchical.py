@@ -22,7 +22,6 @@ from mpi4py import MPI
 
 from ..common.reduce_ops import ReduceOp
 from .mpi_collectives import MPI_OPS, reducescatter_rows
-from .waiting import wait, wait_all
 
 __all__ = ["hierarchical_allreduce", "PIECE_BYTES"]
 
@@ -80,7 +79,7 @@ def _allreduce_by_shards(topology, flat, op, cross_allreduce, piece_bytes):
     reducing = reduce_in_node(pieces[0])
     for index, piece in enumerate(pieces):
         request, counts = reducing
-        wait(request)
+        request.Wait()
         if index + 1 < len(pieces):
             reducing = reduce_in_node(pieces[index + 1])
         start = sum(counts[:local_rank])
@@ -90,7 +89,7 @@ def _allreduce_by_shards(topology, flat, op, cross_allreduce, piece_bytes):
         cross_allreduce(topology.cross_comm, shard, op)
         displacements = [sum(counts[:r]) for r in range(local_size)]
         gathers.append(local.Iallgatherv(MPI.IN_PLACE, [piece, (counts, displacements)]))
-    wait_all(gathers)
+    MPI.Request.Waitall(gathers)
 
 
 def _allreduce_through_leaders(topology, flat, op, cross_allreduce):

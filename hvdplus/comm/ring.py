@@ -23,11 +23,11 @@ import collections
 from typing import Optional
 
 import numpy as np
+from mpi4py import MPI
 
 from ..common.reduce_ops import ReduceOp
 from .mpi_collectives import reducescatter_rows
 from .reduction import combine
-from .waiting import wait, wait_all
 
 __all__ = ["RING_TAG", "PIECE_BYTES", "ring_allreduce", "ring_reducescatter", "ring_allgather"]
 
@@ -92,14 +92,14 @@ class _RingPass:
         )
         for k, (reduces, forwards, (start, stop)) in enumerate(incoming):
             request, landed = posted.popleft()
-            wait(request)
+            request.Wait()
             if reduces:
                 combine(op, self.flat[start:stop], landed)
             if forwards:
                 sends.append(self._send((start, stop)))
             if k + _WINDOW < len(incoming):
                 posted.append(self._post(incoming, k + _WINDOW, scratch))
-        wait_all(sends)
+        MPI.Request.Waitall(sends)
 
     def _send(self, piece):
         start, stop = piece

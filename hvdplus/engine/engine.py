@@ -190,8 +190,10 @@ class Engine:
     def _run(self) -> None:
         with self._failing_aborts_the_job():
             while not self._finished:
-                # A caller blocked in wait() may be driving already: then stay out of its way.
-                if self._progress.acquire(blocking=False):
+                # A caller blocked in wait() may be driving already: then sleep until its step
+                # ends rather than look every cycle. Waking each millisecond beside a long
+                # collective, where ranks outnumber cores, slowed it down many times over.
+                if self._progress.acquire(timeout=_HOUSEKEEPING_S):
                     try:
                         self._step()
                     finally:
