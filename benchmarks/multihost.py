@@ -1,7 +1,9 @@
 """All-reduce across real hosts over rate-limited links: hvdplus' ring, hierarchical and
-auto against MPI's own Allreduce, and each against the alpha-beta cost model.
+auto (called directly, and through hvd.allreduce and the engine) against MPI's own
+Allreduce, and each against the alpha-beta cost model.
 
-    python benchmarks/multihost.py [--gbit 1 10] [--layouts 2x2 4x1] [--mib 1 4 16 64 256] [--csv PATH]
+    python benchmarks/multihost.py [--gbit 1 10] [--layouts 2x2 4x1] [--mib 1 4 16 64 256]
+                                   [--autotune-mib 16 64] [--csv PATH]
 
 Run on the machine itself, as root, with podman (see docs/multihost.md): for each layout
 it starts one container per host from the repository's Dockerfile (tests/containers/cluster.py),
@@ -9,11 +11,13 @@ limits each container's outgoing link with `tc ... tbf` to each rate in turn (ev
 a link of that rate to the others), and runs benchmarks/multihost_job.py across them with
 hvdplusrun. The job measures the model's constants on those links (latency and seconds per
 byte between hosts and inside one, numpy's reduction speed) and every algorithm at every
-size, in turns. This prints, per size: time, bus bandwidth, the ratio to MPI's Allreduce,
+size, in turns; then, in a job of its own per size of --autotune-mib, it lets the engine's
+autotuner choose (HOROVOD_AUTOTUNE=1) and measures its choice beside MPI, ring and
+hierarchical. This prints, per size: time, bus bandwidth, the ratio to MPI's Allreduce,
 and the model's prediction (benchmarks/cost_model.py) with measured / model; then checks
-the targets: auto within 10 % of the best algorithm, hierarchical against the flat ring on
-2 x 2 over the slowest link, measured within 25 % of the model. Results go to
-benchmarks/results/multihost_np4.csv.
+the targets: auto (both ways, and autotuned) within 10 % of the best algorithm,
+hierarchical against the flat ring on 2 x 2 over the slowest link, measured within 25 % of
+the model. Results go to benchmarks/results/multihost_np4.csv.
 
 The containers share this machine's cores, so at rates the cores cannot feed (about 10
 Gbit/s and more on 2 cores) the time is the processors', not the link's, and the model,
@@ -39,6 +43,8 @@ from harness import REPOSITORY, RESULTS, write_table  # noqa: E402
 
 LAYOUTS = {"2x2": [2, 2], "4x1": [1, 1, 1, 1]}
 MODELLED = ("ring", "hierarchical")
+AUTO = ("auto", "hvd.allreduce")  # hvdplus choosing the algorithm; the engine's path too
+AUTOTUNED = "hvd.allreduce, autotuned"
 
 
 def limit_links(nodes, gbit):
@@ -51,16 +57,27 @@ def limit_links(nodes, gbit):
                                check=True, capture_output=True)
 
 
-def run_job(nodes, slots, mib, rounds):
+def run_job(nodes, slots, mib, rounds, autotune=False):
     # The containers' ranks share this machine's two cores, which MPI cannot see from inside
     # them: without yielding, a rank waiting in MPI spins and takes a core from the network.
-    result = nodes.run("hvdplusrun", "-np", str(sum(slots)), "-H", nodes.hosts(slots),
-                       "--mpi-args", "--mca mpi_yield_when_idle 1", "python",
-                       "/bench/multihost_job.py", "--rounds", str(rounds), "--mib", *map(str, mib), timeout=1800)
+    tuning = ["--autotune"] if autotune else []
+    result = nodes.run("env", f"HOROVOD_AUTOTUNE={int(autotune)}", "hvdplusrun", "-np", str(sum(slots)),
+                       "-H", nodes.hosts(slots), "--mpi-args", "--mca mpi_yield_when_idle 1", "python",
+                       "/bench/multihost_job.py", "--rounds", str(rounds), *tuning, "--mib", *map(str, mib),
+                       timeout=1800)
     lines = [line.split("RESULT ", 1)[1] for line in result.stdout.splitlines() if "RESULT " in line]
     if result.returncode != 0 or not lines:
         raise RuntimeError(f"the job failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return json.loads(lines[0])
+
+
+def tuned_rows(gbit, layout, job):
+    """The CSV's rows of an autotuning run: each method's time, the tuner's choice beside it."""
+    ranks = job["hosts"] * job["per_host"]
+    return [{"link_gbit": gbit, "layout": layout, "measurement": "allreduce, autotuning job",
+             "method": row["method"], "bytes": row["bytes"], "seconds": row["seconds"],
+             "busbw_GBps": cost_model.bus_bandwidth(row["bytes"], row["seconds"], ranks) / 1e9,
+             "tuned": job["tuned"], "tuning_steps": job["tuning_steps"]} for row in job["rows"]]
 
 
 def table_rows(gbit, layout, job):
@@ -73,7 +90,7 @@ def table_rows(gbit, layout, job):
     mpi = {row["bytes"]: row["seconds"] for row in job["rows"] if row["method"] == "MPI Allreduce"}
     for row in job["rows"]:
         nbytes, method, seconds = row["bytes"], row["method"], row["seconds"]
-        modelled = method if method in MODELLED else row["auto_chose"] if method == "auto" else None
+        modelled = method if method in MODELLED else row["auto_chose"] if method in AUTO else None
         model = cost_model.PREDICTORS[modelled](nbytes, hosts, per_host, links) if modelled in MODELLED else None
         rows.append({"link_gbit": gbit, "layout": layout, "measurement": "allreduce", "method": method,
                      "bytes": nbytes, "seconds": seconds,
@@ -97,16 +114,34 @@ def print_run(gbit, layout, rows):
               f"{row['ratio_to_mpi']:6.2f} {model}", flush=True)
 
 
+def print_tuned(rows):
+    tuned = next(row for row in rows if row["method"] == AUTOTUNED)
+    print(f"  autotuning job, {tuned['bytes'] / 2**20:g} MiB: chose {tuned['tuned']} after "
+          f"{tuned['tuning_steps']} all-reduces; " + ", ".join(f"{row['method']} {row['seconds']:.4f} s"
+                                                               for row in rows), flush=True)
+
+
 def check_targets(rows, slowest_gbit):
     """One line per target, with the numbers behind it."""
     measured = [row for row in rows if row["measurement"] == "allreduce"]
     by_key = {(row["link_gbit"], row["layout"], row["bytes"], row["method"]): row["seconds"] for row in measured}
     runs = sorted({(row["link_gbit"], row["layout"], row["bytes"]) for row in measured})
-    worst_auto = max((by_key[run + ("auto",)] / min(by_key[run + (m,)] for m in ("MPI Allreduce", "ring",
-                                                                                  "hierarchical")), run)
-                     for run in runs)
-    print(f"\nauto / best algorithm, worst case: {worst_auto[0]:.3f} at {worst_auto[1][1]}, "
-          f"{worst_auto[1][0]} Gbit/s, {worst_auto[1][2] / 2**20:g} MiB (target <= 1.10)")
+    best = {run: min(by_key[run + (m,)] for m in ("MPI Allreduce", "ring", "hierarchical")) for run in runs}
+    for method in AUTO:
+        worst = max((by_key[run + (method,)] / best[run], run) for run in runs)
+        print(f"\n{method} / best algorithm, worst case: {worst[0]:.3f} at {worst[1][1]}, "
+              f"{worst[1][0]} Gbit/s, {worst[1][2] / 2**20:g} MiB (target <= 1.10)")
+    tuned = sorted({(row["link_gbit"], row["layout"], row["bytes"]) for row in rows
+                    if row["measurement"] == "allreduce, autotuning job"})
+    if tuned:
+        seconds = {(row["link_gbit"], row["layout"], row["bytes"], row["method"]): row["seconds"] for row in rows
+                   if row["measurement"] == "allreduce, autotuning job"}
+        ratios = [(seconds[run + (AUTOTUNED,)] / min(seconds[run + (m,)] for m in ("MPI Allreduce", "ring",
+                                                                                     "hierarchical")), run)
+                  for run in tuned]
+        print(f"{AUTOTUNED} / best algorithm of its job: " + ", ".join(
+            f"{ratio:.3f} ({run[1]}, {run[0]} Gbit/s, {run[2] / 2**20:g} MiB)" for ratio, run in ratios)
+            + " (target <= 1.10)")
     gains = [(by_key[run + ("ring",)] / by_key[run + ("hierarchical",)], run[2]) for run in runs
              if run[0] == slowest_gbit and run[1] == "2x2"]
     print("hierarchical speed-up over the flat ring, 2x2 at {} Gbit/s: {} (target >= 1.5; at most 1.5 by the bytes "
@@ -125,6 +160,8 @@ def main():
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--mib", type=float, nargs="+", default=[1, 4, 16, 64, 256])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--autotune-mib", type=float, nargs="*", default=[16, 64],
+                        help="sizes at which a job of its own tunes the engine (HOROVOD_AUTOTUNE=1) first")
     parser.add_argument("--csv", metavar="PATH", help="default: benchmarks/results/multihost_np4.csv")
     args = parser.parse_args()
     reason = cluster.unavailable_reason()
@@ -145,6 +182,10 @@ def main():
                     run_rows = table_rows(gbit, layout, job)
                     print_run(gbit, layout, run_rows)
                     rows += run_rows
+                    for mib in args.autotune_mib:
+                        run_rows = tuned_rows(gbit, layout, run_job(nodes, slots, [mib], args.rounds, autotune=True))
+                        print_tuned(run_rows)
+                        rows += run_rows
             finally:
                 nodes.remove()
     check_targets(rows, min(args.gbit))

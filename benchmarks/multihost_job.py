@@ -1,6 +1,7 @@
 """The MPI job of benchmarks/multihost.py, run in the containers it starts: measures the
 cost model's constants (benchmarks/cost_model.py) on the links as they are, then the time of
-each all-reduce at each size. Rank 0 prints one line, "RESULT <json>".
+each all-reduce at each size, hvd.allreduce through the engine included. Rank 0 prints one
+line, "RESULT <json>".
 
 Ranks not taking part in a measurement wait with a sleeping poll rather than in an MPI
 call: the containers share the machine's cores, and a rank spinning in MPI would take a
@@ -21,6 +22,9 @@ from hvdplus.engine import runtime
 from harness import library_versions
 
 WORLD = MPI.COMM_WORLD
+ENGINE = "hvd.allreduce"
+AUTOTUNED = "hvd.allreduce, autotuned"
+MAX_TUNING_STEPS = 2000
 
 
 def quiet_barrier():
@@ -77,10 +81,32 @@ def timed(step):
     return WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX)
 
 
+def through_engine(data, out):
+    hvd.allreduce_async(data, name="multihost", op=hvd.Sum, output=out).wait()
+
+
+def tune(mib):
+    """All-reduce `mib` MiB through the engine until its autotuner has chosen; the choice."""
+    data = np.ones(int(mib * 2**20) // 4, np.float32)
+    out = np.empty_like(data)
+    engine = runtime.current().engine
+    if not engine.settings.autotune:
+        raise SystemExit("--autotune needs HOROVOD_AUTOTUNE=1 in the job's environment")
+    for steps in range(1, MAX_TUNING_STEPS + 1):
+        through_engine(data, out)
+        chosen = WORLD.bcast(engine.tuned_setting() if WORLD.Get_rank() == 0 else None)
+        if chosen is not None:
+            return {"tuned": str(chosen), "tuning_steps": steps}
+    raise SystemExit(f"the autotuner had not chosen after {MAX_TUNING_STEPS} all-reduces")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mib", type=float, nargs="+", required=True)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--autotune", action="store_true",
+                        help="the job runs with HOROVOD_AUTOTUNE=1: all-reduce the first size through the engine "
+                             "until the tuner has chosen, then measure it beside MPI, ring and hierarchical")
     args = parser.parse_args()
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -97,7 +123,14 @@ def main():
         "ring": lambda data, out: layer.reduce(data, ReduceOp.SUM, out, algorithm="ring"),
         "hierarchical": lambda data, out: layer.reduce(data, ReduceOp.SUM, out, algorithm="hierarchical"),
         "auto": lambda data, out: layer.reduce(data, ReduceOp.SUM, out),
+        # The whole path a training script takes: negotiation, the engine thread, auto.
+        ENGINE: through_engine,
     }
+    tuning = {}
+    if args.autotune:
+        del methods["auto"], methods[ENGINE]
+        methods[AUTOTUNED] = through_engine
+        tuning = tune(args.mib[0])
     rows = []
     for mib in args.mib:
         data = np.random.default_rng(rank).random(int(mib * 2**20) // 4, dtype=np.float32)
@@ -114,7 +147,7 @@ def main():
         del data, out
     if rank == 0:
         print("RESULT " + json.dumps({"hosts": hosts, "per_host": per_host, "constants": constants, "rows": rows,
-                                     **library_versions()}),
+                                     **tuning, **library_versions()}),
               flush=True)
     hvd.shutdown()
 
