@@ -682,7 +682,8 @@ def test_the_hosts_a_job_lost_are_read_from_open_mpis_message():
 
 
 def test_a_host_whose_ssh_session_ended_is_read_as_lost():
-    # What prterun printed when a container was killed while its job ran (ssh exits first).
+    # What prterun printed, on its standard output, when a container was killed while its job
+    # ran (ssh exits first).
     message = ("Connection to node3 closed by remote host.\n"
                "------------------------------------------------------------\n"
                "A daemon failed to report back after being spawned. This could\n"
@@ -694,7 +695,7 @@ def test_a_host_whose_ssh_session_ended_is_read_as_lost():
                "  Local host:    node1\n"
                "  Remote host:   node3\n"
                "  Daemon exit status: 255\n")
-    script = f"import sys; sys.stderr.write({message!r}); sys.exit(255)"
+    script = f"import sys; sys.stdout.write({message!r}); sys.exit(255)"
     lost = []
     assert run_supervised([sys.executable, "-c", script], lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS,
                           lost_hosts=lost) == 255
@@ -708,3 +709,36 @@ def test_only_the_hosts_named_in_a_lost_host_message_are_lost():
     assert lost_host_names(both) == ["b", "c"]
     # "Remote host:" in another message (a TCP warning) names no lost host.
     assert lost_host_names(b"WARNING: Open MPI failed to TCP connect\n  Remote host: d\n") == []
+
+
+def test_an_elastic_launch_leaves_nothing_running_on_this_machine(tmp_path):
+    # prterun that gives up on a lost host may exit before the ranks it started here: the
+    # next launch must not run beside them (one would ask for a restart of its own).
+    pid_file = tmp_path / "pid"
+    script = (f"import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              f"open({str(pid_file)!r}, 'w').write(str(child.pid))")
+    assert run_supervised([sys.executable, "-c", script], end_leftovers=True) == 0
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _is_running(pid):
+        assert time.monotonic() < deadline, "the process mpirun left behind still runs"
+        time.sleep(0.05)
+
+
+def _is_running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            return stat_file.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_hosts_mpirun_lost_replace_those_the_ranks_saw_die(tmp_path):
+    from hvdplus.common import elastic_files
+    from hvdplus.runner.elastic import report_lost_hosts
+    folder = str(tmp_path)
+    # Rank 0 saw ranks 1 and 2 die: rank 2's host was lost, rank 1 was ended by mpirun.
+    elastic_files.write_restart(folder, elastic_files.RestartRequest("failure", [1, 2], ["node2", "node3"]))
+    report_lost_hosts(folder, ["node3"])
+    request = elastic_files.take_restart(folder)
+    assert (request.reason, request.failed_ranks, request.failed_hosts) == ("failure", [], ["node3"])

@@ -186,13 +186,12 @@ class _Launches:
 
 def report_lost_hosts(folder: str, hosts: List[str]) -> None:
     """Ask for a restart without `hosts`, which MPI lost along with the job (a host or its
-    container gone: Open MPI ends every rank then, in place or not), unless the ranks
-    already asked for one."""
-    request = elastic_files.take_restart(folder) or elastic_files.RestartRequest("failure")
-    # The ranks' own request names their dead peers' hosts, one per rank: the lost hosts join it.
-    request.failed_hosts += [host for host in hosts if host not in request.failed_hosts]
-    request.reason = "failure"
-    elastic_files.write_restart(folder, request)
+    container gone: Open MPI ends every rank then, in place or not). mpirun's word on which
+    hosts are gone is the one that counts: ending the job, it also ends the ranks on the
+    hosts that are fine, and a survivor that saw them die first may have asked for a restart
+    without their hosts too."""
+    elastic_files.take_restart(folder)
+    elastic_files.write_restart(folder, elastic_files.RestartRequest("failure", failed_hosts=list(hosts)))
 
 
 def run_elastic(options: ElasticOptions, discovery: HostDiscovery, start: Starter) -> int:

@@ -211,8 +211,9 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
         # A launcher that marks its output's pieces leaves the lines to hvdplusrun (rank_output).
         # Only a job with other hosts can lose one (see lost_hosts).
         watch = OPEN_MPI_LOST_HOST_MARKERS if isinstance(dialect, OpenMpi) and not on_this_machine(hosts) else None
+        # An elastic launch must be over, every rank of it, before the next one starts.
         return run_supervised(argv, env, tag_lines=MARKER_PATTERN in argv, on_tick=on_tick,
-                              lost_host_markers=watch, lost_hosts=lost_hosts)
+                              lost_host_markers=watch, lost_hosts=lost_hosts, end_leftovers=fault_tolerant)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -> int:

@@ -3,7 +3,8 @@
 Open MPI 5's prterun, when the daemon of another host dies (the host or its container
 gone), prints that it "has lost communication with a remote daemon" and ends the job,
 yet may exit with status 0. A job that lost a host has not succeeded: hvdplusrun copies
-mpirun's standard error through `start_watching_relay` and reports such a job as failed.
+mpirun's standard output and error through `start_watching_relay` (prterun writes one of
+these messages to each) and reports such a job as failed.
 """
 
 import os
@@ -16,8 +17,8 @@ __all__ = ["OPEN_MPI_LOST_HOST", "OPEN_MPI_LOST_HOST_MARKERS", "start_watching_r
 # What starts each of Open MPI's messages about a host gone, and where that message names it.
 # Open MPI 4 (ORTE) and 5 (PRTE) say after their own name that they lost a remote daemon:
 # "Remote daemon: [prterun-...@0,2] on node node3". When the host's ssh session ends first
-# (its container killed), prterun says instead that the daemon failed to report back,
-# naming "Remote host:   node3" after "Local host:".
+# (its container killed), prterun says instead, on its standard output, that the daemon
+# failed to report back, naming "Remote host:   node3" after "Local host:".
 OPEN_MPI_LOST_HOST = b"has lost communication with a remote daemon"
 _OPEN_MPI_MESSAGES = (
     (OPEN_MPI_LOST_HOST, re.compile(rb"Remote daemon:[^\n]*? on node (\S+)")),

@@ -65,6 +65,7 @@ def run_supervised(
     argv: Sequence[str], env: Optional[Mapping[str, str]] = None, kill_after: float = 10.0,
     tag_lines: bool = False, on_tick: Optional[Callable[[], None]] = None,
     lost_host_markers: Optional[Sequence[bytes]] = None, lost_hosts: Optional[List[str]] = None,
+    end_leftovers: bool = False,
 ) -> int:
     """Run `argv` to completion, forwarding SIGINT/SIGTERM; return the launcher's exit status.
 
@@ -78,17 +79,21 @@ def run_supervised(
         lost_host_markers: what mpirun writes to its standard error when it loses a host
             (lost_hosts); a job that did is reported failed even if mpirun exits with 0.
         lost_hosts: a list to which the names of the hosts lost are added.
+        end_leftovers: once mpirun has ended, kill what it started on this machine and left
+            running (ranks outlive a prterun that gives up on a lost host), so that a launch
+            is over when this returns.
     """
-    pipe = subprocess.PIPE if tag_lines else None
     watched = lost_host_markers is not None and not tag_lines
-    child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe,
-                             stderr=subprocess.PIPE if watched else pipe)
+    pipe = subprocess.PIPE if tag_lines or watched else None
+    child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe, stderr=pipe)
     relays = []
     if tag_lines:
         relays = [start_relay(child.stdout, sys.stdout.buffer),
                   start_relay(child.stderr, sys.stderr.buffer)]
     elif watched:
-        relays = [start_watching_relay(child.stderr, sys.stderr.buffer, lost_host_markers)]
+        # prterun writes some of its messages about a lost host to standard output.
+        relays = [start_watching_relay(child.stdout, sys.stdout.buffer, lost_host_markers),
+                  start_watching_relay(child.stderr, sys.stderr.buffer, lost_host_markers)]
     received: List[Tuple[int, float]] = []  # (signal, when), first one first
 
     def forward(signum, _frame):
@@ -106,7 +111,7 @@ def run_supervised(
                     on_tick()
                 if received and time.monotonic() - received[0][1] >= kill_after:
                     kill_session(child.pid)
-        if received:
+        if received or end_leftovers:
             kill_session(child.pid)
     finally:
         for signum, handler in previous.items():
