@@ -39,12 +39,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import cluster  # noqa: E402 (found through the path added above)
 import cost_model  # noqa: E402
+from multihost_job import AUTOTUNED, ENGINE  # noqa: E402
 from harness import REPOSITORY, RESULTS, write_table  # noqa: E402
 
 LAYOUTS = {"2x2": [2, 2], "4x1": [1, 1, 1, 1]}
 MODELLED = ("ring", "hierarchical")
-AUTO = ("auto", "hvd.allreduce")  # hvdplus choosing the algorithm; the engine's path too
-AUTOTUNED = "hvd.allreduce, autotuned"
+AUTO = ("auto", ENGINE)  # hvdplus choosing the algorithm; the engine's path too
+ALGORITHMS = ("MPI Allreduce", "ring", "hierarchical")  # the ones auto picks among
 
 
 def limit_links(nodes, gbit):
@@ -121,27 +122,31 @@ def print_tuned(rows):
                                                                for row in rows), flush=True)
 
 
+def _seconds_by_run(rows, measurement):
+    """{(link_gbit, layout, bytes, method): seconds} of the rows of `measurement`."""
+    return {(row["link_gbit"], row["layout"], row["bytes"], row["method"]): row["seconds"] for row in rows
+            if row["measurement"] == measurement}
+
+
+def _over_best(seconds, run, method):
+    """`method`'s time in `run` (link_gbit, layout, bytes) over the best algorithm's there."""
+    return seconds[run + (method,)] / min(seconds[run + (algorithm,)] for algorithm in ALGORITHMS)
+
+
 def check_targets(rows, slowest_gbit):
     """One line per target, with the numbers behind it."""
     measured = [row for row in rows if row["measurement"] == "allreduce"]
-    by_key = {(row["link_gbit"], row["layout"], row["bytes"], row["method"]): row["seconds"] for row in measured}
-    runs = sorted({(row["link_gbit"], row["layout"], row["bytes"]) for row in measured})
-    best = {run: min(by_key[run + (m,)] for m in ("MPI Allreduce", "ring", "hierarchical")) for run in runs}
+    by_key = _seconds_by_run(rows, "allreduce")
+    runs = sorted({key[:3] for key in by_key})
     for method in AUTO:
-        worst = max((by_key[run + (method,)] / best[run], run) for run in runs)
+        worst = max((_over_best(by_key, run, method), run) for run in runs)
         print(f"\n{method} / best algorithm, worst case: {worst[0]:.3f} at {worst[1][1]}, "
               f"{worst[1][0]} Gbit/s, {worst[1][2] / 2**20:g} MiB (target <= 1.10)")
-    tuned = sorted({(row["link_gbit"], row["layout"], row["bytes"]) for row in rows
-                    if row["measurement"] == "allreduce, autotuning job"})
+    tuned = _seconds_by_run(rows, "allreduce, autotuning job")
     if tuned:
-        seconds = {(row["link_gbit"], row["layout"], row["bytes"], row["method"]): row["seconds"] for row in rows
-                   if row["measurement"] == "allreduce, autotuning job"}
-        ratios = [(seconds[run + (AUTOTUNED,)] / min(seconds[run + (m,)] for m in ("MPI Allreduce", "ring",
-                                                                                     "hierarchical")), run)
-                  for run in tuned]
         print(f"{AUTOTUNED} / best algorithm of its job: " + ", ".join(
-            f"{ratio:.3f} ({run[1]}, {run[0]} Gbit/s, {run[2] / 2**20:g} MiB)" for ratio, run in ratios)
-            + " (target <= 1.10)")
+            f"{_over_best(tuned, run, AUTOTUNED):.3f} ({run[1]}, {run[0]} Gbit/s, {run[2] / 2**20:g} MiB)"
+            for run in sorted({key[:3] for key in tuned})) + " (target <= 1.10)")
     gains = [(by_key[run + ("ring",)] / by_key[run + ("hierarchical",)], run[2]) for run in runs
              if run[0] == slowest_gbit and run[1] == "2x2"]
     print("hierarchical speed-up over the flat ring, 2x2 at {} Gbit/s: {} (target >= 1.5; at most 1.5 by the bytes "

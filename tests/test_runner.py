@@ -702,6 +702,15 @@ def test_a_host_whose_ssh_session_ended_is_read_as_lost():
     assert lost == ["node3"]
 
 
+def test_a_host_named_on_both_streams_is_lost_once():
+    message = "PRTE has lost communication with a remote daemon.\n  Remote daemon: [p@0,2] on node node3\n"
+    script = f"import sys; sys.stdout.write({message!r}); sys.stdout.flush(); sys.stderr.write({message!r})"
+    lost = []
+    assert run_supervised([sys.executable, "-c", script], lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS,
+                          lost_hosts=lost) == 1
+    assert lost == ["node3"]
+
+
 def test_only_the_hosts_named_in_a_lost_host_message_are_lost():
     from hvdplus.runner.lost_hosts import lost_host_names
     both = (b"PRTE has lost communication with a remote daemon.\n  Remote daemon: [p@0,2] on node b\n"

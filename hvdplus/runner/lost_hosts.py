@@ -81,7 +81,7 @@ def start_watching_relay(source: BinaryIO, target: BinaryIO, markers: Sequence[b
         finally:
             at_end.set()
 
-    thread = threading.Thread(target=relay, name="hvdplusrun-stderr", daemon=True)
+    thread = threading.Thread(target=relay, name="hvdplusrun-watch", daemon=True)
     thread.seen, thread.at_end, thread.after_marker = seen, at_end, after_marker
     thread.start()
     return thread

@@ -76,9 +76,9 @@ def run_supervised(
         tag_lines: mpirun marks each piece of output with its rank (`rank_output`);
             write whole lines tagged with it instead.
         on_tick: called about every POLL_SECONDS while mpirun runs (elastic host discovery).
-        lost_host_markers: what mpirun writes to its standard error when it loses a host
-            (lost_hosts); a job that did is reported failed even if mpirun exits with 0.
-        lost_hosts: a list to which the names of the hosts lost are added.
+        lost_host_markers: what mpirun writes to its standard output or error when it loses
+            a host (lost_hosts); a job that did is reported failed even if mpirun exits with 0.
+        lost_hosts: a list to which the names of the hosts lost are added, once each.
         end_leftovers: once mpirun has ended, kill what it started on this machine and left
             running (ranks outlive a prterun that gives up on a lost host), so that a launch
             is over when this returns.
@@ -123,8 +123,9 @@ def run_supervised(
                 relay.join()
     lost = [relay for relay in relays if getattr(relay, "seen", None) and relay.seen.is_set()]
     if lost_hosts is not None:
-        for relay in lost:
-            lost_hosts.extend(lost_host_names(bytes(relay.after_marker)))
+        # Both streams may name the same host.
+        names = [name for relay in lost for name in lost_host_names(bytes(relay.after_marker))]
+        lost_hosts.extend(dict.fromkeys(names))
     if returncode == 0 and lost:
         print("hvdplusrun: mpirun lost a host and ended the job, yet exited with 0; exiting with 1",
               file=sys.stderr, flush=True)
