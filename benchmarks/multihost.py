@@ -6,7 +6,7 @@ Allreduce, and each against the alpha-beta cost model.
                                    [--autotune-mib 16 64] [--csv PATH]
 
 Run on the machine itself, as root, with podman (see docs/multihost.md): for each layout
-it starts one container per host from the repository's Dockerfile (tests/containers/cluster.py),
+it starts one container per host from the repository's Dockerfile (tests/testkit/cluster.py),
 limits each container's outgoing link with `tc ... tbf` to each rate in turn (every host has
 a link of that rate to the others), and runs benchmarks/multihost_job.py across them with
 hvdplusrun. The job measures the model's constants on those links (latency and seconds per
@@ -35,9 +35,9 @@ import mpi4py
 
 mpi4py.rc.initialize = False  # this driver only starts the job; MPI runs in the containers
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "containers"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-import cluster  # noqa: E402 (found through the path added above)
+from testkit import cluster  # noqa: E402 (found through the path added above)
 import cost_model  # noqa: E402
 from multihost_job import AUTOTUNED, ENGINE  # noqa: E402
 from harness import REPOSITORY, RESULTS, write_table  # noqa: E402

@@ -11,14 +11,14 @@ import os
 
 import pytest
 
-from mpi_jobs import MpiJob
+from testkit.mpi_jobs import MpiJob
 
 collect_ignore = [] if os.environ.get("HVDPLUS_MPI_TESTS") == "1" else ["mpi"]
 
 
 @pytest.fixture(scope="session")
 def mpi_job():
-    """The job launcher (tests/mpi_jobs.py): `mpi_job(nranks, args, env=None, timeout=240)` runs
+    """The job launcher (tests/testkit/mpi_jobs.py): `mpi_job(nranks, args, env=None, timeout=240)` runs
     `args` on `nranks` ranks under hvdplusrun and ends it at the timeout;
     `mpi_job.run_pytest_on_ranks(nranks, paths)` runs pytest in every rank."""
     return MpiJob()

@@ -1,5 +1,5 @@
 """Jobs across podman containers on one machine: real hosts, started over ssh, talking over
-a network of their own (tests/containers/cluster.py builds them from the Dockerfile).
+a network of their own (tests/testkit/cluster.py builds them from the Dockerfile).
 
 Skipped where podman (or a way to make the base image) is absent. Every container and the
 network are removed at the end, whatever happens."""
@@ -11,9 +11,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "containers"))
-
-import cluster  # noqa: E402 (found through the path added above)
+from testkit import cluster
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lets this machine run tests/test_containers.py: podman with the runc runtime, and
-# debootstrap to make the base image where no registry can be reached (tests/containers/cluster.py
+# debootstrap to make the base image where no registry can be reached (tests/testkit/cluster.py
 # makes it on first use). On Debian, as root, it installs what is missing and configures
 # podman; elsewhere it says so and changes nothing, and the container tests skip.
 set -euo pipefail

@@ -1,12 +1,12 @@
 """Starting real MPI jobs from single-process tests, always with a timeout. Tests reach this
-through the `mpi_job` fixture (tests/conftest.py), never by importing it."""
+through the `mpi_job` fixture (tests/conftest.py)."""
 
 import os
 import signal
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # hvdplusrun ends mpirun's session 10 s after a SIGTERM (runner.supervise's kill_after);
 # a launcher that is still there this much later is killed outright.
 _TEARDOWN_SECONDS = 20
