@@ -1,12 +1,15 @@
 """Every rank of the job runs these tests in the same order; hvdplus is started once per rank.
 The fixtures serve tests/mpi/keras/ too."""
 
-import numpy as np
+import os
+
 import pytest
 
 import hvdplus as hvd
 
-hvd.init()
+# `pytest tests/mpi/... --ranks N` reads this file in the process that only starts the job.
+if os.environ.get("HVDPLUS_MPI_TESTS") == "1":
+    hvd.init()
 
 # The Keras suite runs once per backend, named on its own (tests/mpi/keras with KERAS_BACKEND
 # set), so the framework-free suites never import keras.
@@ -33,15 +36,3 @@ def rank():
 def size():
     return hvd.size()
 
-
-def rank_values(dtype, shape, rank, seed, low=-3, high=3):
-    """The data rank `rank` contributes; every rank can rebuild every other rank's data,
-    so each computes the expected result with numpy on its own."""
-    rng = np.random.default_rng([seed, rank])
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(bool)
-    if dtype.kind in "iu":
-        low = max(low, 0) if dtype.kind == "u" else low
-        return rng.integers(low, high + 1, size=shape).astype(dtype)
-    return rng.uniform(low, high, size=shape).astype(dtype)

@@ -12,7 +12,6 @@ import pytest
 from mpi4py import MPI
 
 import hvdplus as hvd
-from conftest import rank_values
 from hvdplus.comm.hierarchical import hierarchical_allreduce
 from hvdplus.common.reduce_ops import ELEMENTWISE_OPS
 from hvdplus.comm.mpi_collectives import MPI_OPS
@@ -20,6 +19,8 @@ from hvdplus.comm.reduction import UFUNCS
 from hvdplus.comm.ring import ring_allgather, ring_allreduce, ring_reducescatter
 from hvdplus.comm.shared_window import SharedWindow
 from hvdplus.engine.runtime import current
+
+from testkit.rank_data import rank_values
 
 DTYPES = ["float32", "float64", "int8", "int32", "int64", "uint8"]
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12}

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import hvdplus as hvd
-from conftest import rank_values
 from hvdplus.engine import arguments
+
+from testkit.rank_data import rank_values
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

@@ -5,7 +5,8 @@ import pytest
 
 import hvdplus as hvd
 from hvdplus.engine.runtime import current
-from conftest import rank_values
+
+from testkit.rank_data import rank_values
 
 DTYPES = ["float32", "float64", "int32", "float16"]
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import hvdplus as hvd
-from conftest import rank_values
+
+from testkit.rank_data import rank_values
 
 
 def layouts(size):

@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 import hvdplus.tensorflow as hvd  # noqa: E402
-from conftest import rank_values  # noqa: E402
+from testkit.rank_data import rank_values  # noqa: E402
 
 FLOATS = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 INTEGERS = [tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64]

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import hvdplus.torch as hvd  # noqa: E402
-from conftest import rank_values  # noqa: E402
+from testkit.rank_data import rank_values  # noqa: E402
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INTEGERS = [torch.int8, torch.int32, torch.int64, torch.uint8]

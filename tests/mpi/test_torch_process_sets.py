@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import hvdplus.torch as hvd  # noqa: E402
-from conftest import rank_values  # noqa: E402
+from testkit.rank_data import rank_values  # noqa: E402
 
 SIZE, RANK = hvd.size(), hvd.rank()
 
