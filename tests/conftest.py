@@ -1,19 +1,70 @@
 """Test layout: files directly under tests/ run in one process (plain `pytest`); files under
 tests/mpi/ (and tests/mpi/keras/, once per Keras backend) run inside every rank of an MPI
-job, which tests/test_mpi_suites.py starts with 1, 2 and 3 ranks and a timeout. They are
-only collected when HVDPLUS_MPI_TESTS=1.
+job, which tests/test_mpi_suites.py starts file by file with 1, 2 and 3 ranks and a timeout.
+They are only collected inside such a job (HVDPLUS_MPI_TESTS=1); `pytest FILE::TEST --ranks N`
+starts one from here.
 
 One-process tests that start ranks get the launcher from the `mpi_job` fixture and carry the
 `mpi` marker, so `pytest -m "not mpi"` runs the rest in seconds; `slow` marks those that take
-more than about 20 s."""
+more than about 20 s.
+
+In CI (`CI=true`) a skipped test fails the run: every test there has what it needs, so a skip
+means a missing install step. docs/development.md says more."""
 
 import os
 
 import pytest
 
-from testkit.mpi_jobs import MpiJob
+from testkit import rank_reports
+from testkit.mpi_jobs import MpiJob, launch
 
-collect_ignore = [] if os.environ.get("HVDPLUS_MPI_TESTS") == "1" else ["mpi"]
+IN_RANK = os.environ.get("HVDPLUS_MPI_TESTS") == "1"
+collect_ignore = [] if IN_RANK else ["mpi"]
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("hvdplus")
+    group.addoption("--ranks", type=int, default=None, metavar="N",
+                    help="run the given tests/mpi files or tests inside every rank of an N-rank job, "
+                         "reporting each failure with its rank")
+    group.addoption("--rank-timeout", type=float, default=600, metavar="SECONDS",
+                    help="with --ranks: end the job after this long (default 600)")
+    group.addoption("--rank-report-dir", default=None, metavar="DIR",
+                    help="inside a rank: write this rank's output and failures to DIR (set by --ranks and the "
+                         "mpi_job fixture)")
+
+
+def pytest_configure(config):
+    folder = config.getoption("rank_report_dir")
+    if folder and IN_RANK:
+        config.pluginmanager.register(rank_reports.RankReporter(folder), "hvdplus_rank_reporter")
+
+
+def pytest_cmdline_main(config):
+    """`--ranks N`: the job's ranks run the tests; this process only reports them."""
+    nranks = config.getoption("ranks")
+    if nranks is None or IN_RANK:
+        return None
+    args = _without_option(list(config.invocation_params.args), ("--ranks", "--rank-timeout"))
+    paths = [arg for arg in args if not arg.startswith("-")]
+    options = [arg for arg in args if arg.startswith("-")]
+    run = rank_reports.run_suite_on_ranks(launch, nranks, paths, options,
+                                          timeout=config.getoption("rank_timeout"), keep_output=True)
+    print(run.describe())
+    return 0 if run.ok else 1
+
+
+def _without_option(args, names):
+    """`args` less each `--name value` and `--name=value` of `names`."""
+    kept, skip_next = [], False
+    for arg in args:
+        if skip_next:
+            skip_next = False
+        elif arg in names:
+            skip_next = True
+        elif not arg.startswith(tuple(name + "=" for name in names)):
+            kept.append(arg)
+    return kept
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +81,23 @@ def pytest_collection_modifyitems(items):
                 if "mpi_job" in getattr(item, "fixturenames", ()) and item.get_closest_marker("mpi") is None]
     if unmarked:
         raise pytest.UsageError("tests that use the mpi_job fixture need the mpi marker: " + ", ".join(unmarked))
+
+
+_skipped_in_ci = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and os.environ.get("CI") == "true" and not IN_RANK:
+        _skipped_in_ci.append(f"{report.nodeid}: {report.longrepr[2] if isinstance(report.longrepr, tuple) else ''}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _skipped_in_ci:
+        terminalreporter.write_sep("=", "skipped with CI=true, which fails the run", red=True)
+        for line in _skipped_in_ci:
+            terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _skipped_in_ci and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,20 +1,31 @@
 """Runs the suites under tests/mpi/ inside real MPI jobs of 1, 2 and 3 ranks (odd sizes
-catch ring and split arithmetic), and the topology suite with ranks posing as nodes."""
+catch ring and split arithmetic), a job per file, and the topology suite with ranks posing
+as nodes. A failure names the file, the test, the rank and the assertion
+(tests/testkit/rank_reports.py)."""
 
+import glob
 import importlib.util
+import os
 import re
 import sys
 
 import pytest
 
+from testkit.mpi_jobs import REPO
+
 pytestmark = pytest.mark.mpi
+
+
+MPI_SUITES = sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, "tests", "mpi", "test_*.py")))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nranks", [1, 2, 3])
-def test_collectives_and_errors(mpi_job, nranks):
-    mpi_job.run_pytest_on_ranks(nranks, ["tests/mpi"])
+@pytest.mark.parametrize("suite", MPI_SUITES, ids=os.path.basename)
+def test_suite_on_ranks(mpi_job, suite, nranks):
+    # One job per file, so a failure names its file before its test and rank.
+    mpi_job.run_pytest_on_ranks(nranks, [suite])
 
 
 @pytest.mark.timeout(300)

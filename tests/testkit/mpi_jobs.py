@@ -6,6 +6,10 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
+from testkit import rank_reports
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # hvdplusrun ends mpirun's session 10 s after a SIGTERM (runner.supervise's kill_after);
 # a launcher that is still there this much later is killed outright.
@@ -48,18 +52,14 @@ def run_ending_on_timeout(command, env, timeout):
     return subprocess.CompletedProcess(command, job.returncode, stdout, stderr)
 
 
-def run_pytest_on_ranks(nranks, paths, env=None, timeout=240, python=sys.executable):
-    """Run pytest on `paths` in every rank (and the launcher) with `python`; assert all ranks
-    passed, showing their output if not."""
-    job_env = {"HVDPLUS_MPI_TESTS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    args = [python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--color=no",
-            "--timeout", "120", *paths]
-    result = launch(nranks, args, env=job_env, timeout=timeout, python=python)
-    assert result.returncode == 0, (
-        f"{nranks}-rank pytest of {paths} failed (exit {result.returncode})\n"
-        f"--- stdout ---\n{result.stdout[-20000:]}\n--- stderr ---\n{result.stderr[-8000:]}"
-    )
-    return result
+def run_pytest_on_ranks(nranks, paths, env=None, timeout=240, python=sys.executable, pytest_args=()):
+    """Run pytest on `paths` in every rank with `python`; fail the calling test naming each
+    failed test with its rank and assertion (testkit.rank_reports), else return the RankedRun."""
+    run = rank_reports.run_suite_on_ranks(launch, nranks, paths, pytest_args, env=env, timeout=timeout,
+                                          python=python)
+    if not run.ok:
+        pytest.fail(run.describe(), pytrace=False)
+    return run
 
 
 class MpiJob:
