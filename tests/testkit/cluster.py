@@ -1,35 +1,44 @@
 """A cluster of podman containers on one machine, each a host with an ssh server, built
 from the repository's Dockerfile: what tests/test_containers.py runs its jobs on.
 
-The base image is made locally (no registry is reachable from the test machines):
-`debootstrap --variant=minbase bookworm`, imported as localhost/debian:bookworm-slim, with
-the machine's certificate bundle for pip (PIP_CERT), which the Dockerfile leaves alone.
+The base image is made locally from Debian's packages alone (no image registry is
+reachable from the test machines): `debootstrap --variant=minbase bookworm`, imported as
+localhost/debian:bookworm-slim. The certificate bundle that this machine's pip trusts goes
+into it (PIP_CERT), so pip in the image reaches the package index through the same proxy,
+if any. torch's CPU build reaches the image as a wheel that `pip download` puts into a
+folder of the build's own.
 """
 
 import glob
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE_IMAGE = "localhost/debian:bookworm-slim"
 IMAGE = "localhost/hvdplus:tests"
-_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-# The torch CPU wheel for the image's Python (Debian bookworm's 3.11): the package index's
+# The torch CPU build for the image's Python (Debian bookworm's 3.11): the package index's
 # default torch is a CUDA build of several GB.
-_TORCH_WHEEL = "torch-2.13.0+cpu-cp311-*.whl"
+TORCH_REQUIREMENT = "torch==2.13.0"
+IMAGE_PYTHON = "3.11"
 
 
 def podman(*args, timeout=300, check=True):
-    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=check)
+    """Run podman; with `check`, a failure raises with what podman said."""
+    result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"podman {' '.join(args[:3])} ... exited {result.returncode}:\n"
+                           f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    return result
 
 
 def unavailable_reason():
     """Why containers cannot run here, or None."""
     if shutil.which("podman") is None:
-        return "podman is not installed"
+        return "podman is not installed (tests/containers/prepare_host.sh installs it)"
     if podman("info", check=False, timeout=60).returncode != 0:
         return "podman cannot run here"
     if podman("image", "exists", BASE_IMAGE, check=False).returncode != 0 and shutil.which("debootstrap") is None:
@@ -37,36 +46,51 @@ def unavailable_reason():
     return None
 
 
+def pip_certificate_bundle():
+    """The certificate bundle this machine's pip trusts: PIP_CERT, pip's `cert` setting, or
+    the system's."""
+    named = os.environ.get("PIP_CERT") or subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.cert"], capture_output=True, text=True).stdout.strip()
+    for bundle in (named, "/etc/ssl/certs/ca-certificates.crt"):
+        if bundle and os.path.isfile(bundle):
+            return bundle
+    raise FileNotFoundError("no certificate bundle for pip in the image: set PIP_CERT or install ca-certificates")
+
+
 def ensure_base_image():
     if podman("image", "exists", BASE_IMAGE, check=False).returncode == 0:
         return
     with tempfile.TemporaryDirectory(prefix="hvdplus-rootfs-") as root:
         subprocess.run(["debootstrap", "--variant=minbase", "bookworm", root], check=True,
-                       capture_output=True, timeout=600)
-        shutil.copy(_CA_BUNDLE, os.path.join(root, "etc/ssl/host-ca-bundle.crt"))
+                       capture_output=True, timeout=900)
+        # minbase makes no /etc/ssl: the Dockerfile's ca-certificates fills it later.
+        os.makedirs(os.path.join(root, "etc/ssl"), exist_ok=True)
+        shutil.copy(pip_certificate_bundle(), os.path.join(root, "etc/ssl/host-ca-bundle.crt"))
         tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
         subprocess.run(["podman", "import", "--change", "ENV PIP_CERT=/etc/ssl/host-ca-bundle.crt", "-",
                         BASE_IMAGE], stdin=tar.stdout, check=True, capture_output=True, timeout=300)
         tar.wait()
 
 
-def torch_wheel_folder():
-    """A folder of this machine's wheels holding torch's CPU build for the image, or None."""
-    for folder in os.environ.get("PIP_FIND_LINKS", "").split() + ["/opt/wheels"]:
-        if glob.glob(os.path.join(folder, _TORCH_WHEEL)):
-            return folder
-    return None
+def download_torch_wheel(folder):
+    """Put torch's wheel for the image's Python into `folder` with this machine's pip, which
+    takes the CPU build where its find-links or index offer one; fail unless it is one."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                    "--python-version", IMAGE_PYTHON, "--platform", "manylinux_2_28_x86_64", "--dest", folder,
+                    TORCH_REQUIREMENT], check=True, capture_output=True, timeout=1800)
+    wheels = glob.glob(os.path.join(folder, "torch-*.whl"))
+    if not any("+cpu" in os.path.basename(wheel) for wheel in wheels):
+        raise RuntimeError(f"pip download gave {wheels}, not torch's CPU build: name PyTorch's CPU wheel index in "
+                           "PIP_EXTRA_INDEX_URL, or a folder holding the CPU wheel in PIP_FIND_LINKS")
 
 
-def build_image() -> bool:
-    """Builds IMAGE from the Dockerfile, with torch when a local wheel of it is found; True if with torch."""
-    wheels = torch_wheel_folder()
-    torch_args = [] if wheels is None else [
-        "--volume", f"{wheels}:/opt/wheels:ro", "--build-arg", "PIP_FIND_LINKS=/opt/wheels",
-        "--build-arg", "FRAMEWORKS=torch", "--build-arg", "TORCH_INDEX_URL=https://pypi.org/simple"]
-    podman("build", "--format", "docker", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", *torch_args, "-t", IMAGE, REPO,
-           timeout=900)
-    return wheels is not None
+def build_image():
+    """Build IMAGE from the Dockerfile, with torch's CPU build."""
+    with tempfile.TemporaryDirectory(prefix="hvdplus-wheels-") as wheels:
+        download_torch_wheel(wheels)
+        podman("build", "--format", "docker", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+               "--volume", f"{wheels}:/opt/wheels:ro", "--build-arg", "PIP_FIND_LINKS=/opt/wheels",
+               "--build-arg", "FRAMEWORKS=torch", "-t", IMAGE, REPO, timeout=1800)
 
 
 class Cluster:
