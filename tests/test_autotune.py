@@ -2,11 +2,11 @@
 depends on the setting: it must find that job's best setting, and log what it tried; and in
 a real job across (posed) nodes, where it moves every rank's algorithm while all-reduces run."""
 
-import sys
-
 import pytest
 
 from hvdplus.engine.autotune import CYCLE_MS, FUSION_MIB, MIB, Autotuner, Setting
+
+from testkit.programs import program
 
 
 def made_up_speed(setting):
@@ -39,7 +39,8 @@ def test_the_tuner_finds_the_best_setting_and_logs_every_sample(tmp_path, capsys
     assert sum(line.endswith(",warmup") for line in lines) == 2
     assert len([line for line in lines if line.endswith(",fusion_bytes")]) == 2 * len(FUSION_MIB)
     assert lines[-1].startswith("chosen,16,2.5,ring,")
-    assert "hvdplus autotune: chose fusion threshold 16 MiB, cycle time 2.5 ms, algorithm ring" in capsys.readouterr().err
+    chose = "hvdplus autotune: chose fusion threshold 16 MiB, cycle time 2.5 ms, algorithm ring"
+    assert chose in capsys.readouterr().err
 
 
 def test_on_one_node_the_algorithm_is_left_alone():
@@ -51,21 +52,9 @@ def test_on_one_node_the_algorithm_is_left_alone():
 @pytest.mark.mpi
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_a_tuned_job_across_nodes_stays_exact_while_every_rank_changes_algorithm(mpi_job, nranks):
-    program = ("import numpy as np, hvdplus as hvd\n"
-               "from hvdplus.engine import runtime\n"
-               "hvd.init()\n"
-               "engine = runtime.current().engine\n"
-               "for step in range(400):\n"
-               "    values = [np.full(20000 + i, hvd.rank() + step + i, np.float64) for i in range(4)]\n"
-               "    handles = [hvd.allreduce_async(v, op=hvd.Sum, name=f'g{i}') for i, v in enumerate(values)]\n"
-               "    for i, handle in enumerate(handles):\n"
-               "        want = sum(r + step + i for r in range(hvd.size()))\n"
-               "        assert (hvd.synchronize(handle) == want).all(), (step, i)\n"
-               "assert hvd.rank() != 0 or engine.tuned_setting() is not None\n"
-               "print('tuned', hvd.rank(), engine.algorithms.algorithm, flush=True)\n")
     env = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "1",
            "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "3", "HVDPLUS_RANKS_PER_NODE": "1"}
-    result = mpi_job(nranks, [sys.executable, "-c", program], env=env, timeout=180)
+    result = mpi_job(nranks, program("autotuned_allreduces"), env=env, timeout=180)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     chosen = [line.split()[-1] for line in result.stdout.splitlines() if "tuned " in line]
     assert len(chosen) == nranks and len(set(chosen)) == 1, result.stdout  # every rank ends on one algorithm

@@ -1,29 +1,24 @@
-"""Engine behaviour that needs a job of its own: stalls, timelines, shutdown, failures."""
+"""Engine behaviour that needs a job of its own: stalls, timelines, shutdown, failures. Each
+job is a program under tests/jobs/."""
 
 import json
-import sys
-import textwrap
 import time
 
 import pytest
 
+from testkit.programs import program, unguarded_program
+
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
 
 
-def run_job(mpi_job, nranks, code, env=None, timeout=90):
+def run_job(mpi_job, nranks, command, env=None, timeout=90):
     started = time.monotonic()
-    result = mpi_job(nranks, [sys.executable, "-c", textwrap.dedent(code)], env=env, timeout=timeout)
+    result = mpi_job(nranks, command, env=env, timeout=timeout)
     return result, time.monotonic() - started
 
 
 def test_stall_warning_names_tensor_and_missing_rank(mpi_job):
-    result, _ = run_job(mpi_job, 2, """
-        import time, numpy as np, hvdplus as hvd
-        hvd.init()
-        if hvd.rank() == 1:
-            time.sleep(3.5)
-        print("result", hvd.allreduce(np.ones(2), name="late_tensor", op=hvd.Sum))
-    """, env={"HVDPLUS_STALL_CHECK_TIME_SECONDS": "1"})
+    result, _ = run_job(mpi_job, 2, program("late_allreduce"), env={"HVDPLUS_STALL_CHECK_TIME_SECONDS": "1"})
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "stalled collectives" in output
@@ -32,18 +27,8 @@ def test_stall_warning_names_tensor_and_missing_rank(mpi_job):
 
 
 def test_stall_shutdown_raises_on_every_rank_instead_of_hanging(mpi_job):
-    result, elapsed = run_job(mpi_job, 2, """
-        import time, numpy as np, hvdplus as hvd
-        hvd.init()
-        try:
-            if hvd.rank() == 0:
-                hvd.allreduce(np.ones(2), name="never_matched")
-            else:
-                time.sleep(4)
-                hvd.allreduce(np.ones(2), name="something_else")
-        except hvd.StalledError as error:
-            print(f"rank {hvd.rank()} StalledError:", str(error).splitlines()[0])
-    """, env={"HVDPLUS_STALL_CHECK_TIME_SECONDS": "1", "HVDPLUS_STALL_SHUTDOWN_TIME_SECONDS": "2"})
+    result, elapsed = run_job(mpi_job, 2, program("mismatched_allreduce_names"),
+                              env={"HVDPLUS_STALL_CHECK_TIME_SECONDS": "1", "HVDPLUS_STALL_SHUTDOWN_TIME_SECONDS": "2"})
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "rank 0 StalledError" in output and "rank 1 StalledError" in output
@@ -61,18 +46,8 @@ def read_trace(path, terminated):
 @pytest.mark.parametrize("abrupt", [False, True], ids=["normal-exit", "killed"])
 def test_timeline_is_a_chrome_trace(mpi_job, tmp_path, abrupt):
     path = tmp_path / "timeline.json"
-    result, _ = run_job(mpi_job, 2, f"""
-        import os, numpy as np, hvdplus as hvd
-        hvd.init()
-        # float16 goes through the fusion buffer; float64 is reduced where it lies.
-        handles = [hvd.allreduce_async(np.ones(10, dtype=np.float16 if i % 2 else np.float64),
-                                       name=f"layer{{i}}") for i in range(20)]
-        for h in handles:
-            hvd.synchronize(h)
-        hvd.allgather(np.ones((2, 2)), name="gathered")
-        if {abrupt}:
-            os._exit(0)
-    """, env={"HVDPLUS_TIMELINE": str(path)})
+    flags = ["--exit-abruptly"] if abrupt else []
+    result, _ = run_job(mpi_job, 2, program("fused_allreduces_timeline", *flags), env={"HVDPLUS_TIMELINE": str(path)})
     # An abrupt exit skips MPI_Finalize, which mpirun reports as a failure; that is the point.
     assert abrupt or result.returncode == 0, result.stdout + result.stderr
     events = read_trace(path, terminated=not abrupt)
@@ -88,20 +63,7 @@ def test_timeline_is_a_chrome_trace(mpi_job, tmp_path, abrupt):
 
 
 def test_pending_handles_fail_clearly_at_shutdown(mpi_job):
-    result, elapsed = run_job(mpi_job, 2, """
-        import numpy as np, hvdplus as hvd
-        hvd.init()
-        if hvd.rank() == 1:
-            handle = hvd.allreduce_async(np.ones(2), name="orphan")
-            hvd.shutdown()
-            try:
-                hvd.synchronize(handle)
-            except hvd.ShutdownError as error:
-                print("rank 1 ShutdownError:", error)
-        else:
-            hvd.shutdown()
-        print("rank", "done")
-    """)
+    result, elapsed = run_job(mpi_job, 2, program("handle_pending_at_shutdown"))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "rank 1 ShutdownError: 'orphan'" in output
@@ -109,13 +71,8 @@ def test_pending_handles_fail_clearly_at_shutdown(mpi_job):
 
 
 def test_a_rank_exiting_early_fails_the_others_instead_of_hanging(mpi_job):
-    result, elapsed = run_job(mpi_job, 2, """
-        import sys, numpy as np, hvdplus as hvd
-        hvd.init()
-        if hvd.rank() == 1:
-            sys.exit(3)
-        hvd.allreduce(np.ones(2), name="waits_for_rank_1")
-    """)
+    # Without hvdplusrun's exit guard, which would end the job before the others notice.
+    result, elapsed = run_job(mpi_job, 2, unguarded_program("one_rank_leaves_early", "--rank", "1", "--exit", "3"))
     assert result.returncode != 0
     assert "waits_for_rank_1" in result.stdout + result.stderr
     assert elapsed < 30
@@ -123,15 +80,7 @@ def test_a_rank_exiting_early_fails_the_others_instead_of_hanging(mpi_job):
 
 def test_timeline_started_and_stopped_at_runtime(mpi_job, tmp_path):
     path = tmp_path / "runtime.json"
-    result, _ = run_job(mpi_job, 2, f"""
-        import numpy as np, hvdplus as hvd
-        hvd.init()
-        hvd.allreduce(np.ones(2), name="before_start")
-        hvd.start_timeline({str(path)!r})
-        hvd.allreduce(np.ones(2), name="recorded")
-        hvd.stop_timeline()
-        hvd.allreduce(np.ones(2), name="after_stop")
-    """)
+    result, _ = run_job(mpi_job, 2, program("timeline_started_at_runtime", path))
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {e["args"]["name"] for e in read_trace(path, terminated=True) if e["name"] == "thread_name"}
     assert rows == {"recorded"}

@@ -1,12 +1,12 @@
 """A rank that exits with an error ends the job at once (hvdplus.runner.exit_guard)."""
 
-import sys
-import textwrap
 import time
 
 import pytest
 
 from hvdplus.runner.command import guarded_command
+
+from testkit.programs import program
 
 GUARD = ["-m", "hvdplus.runner.exit_guard"]
 
@@ -26,18 +26,10 @@ def test_python_programs_run_through_the_guard(program, expected):
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("leaver", [0, 1])
-def test_a_rank_exiting_with_an_error_ends_the_job_within_seconds(mpi_job, tmp_path, leaver):
-    script = tmp_path / "leave.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys, time
-        import hvdplus
-        hvdplus.init()
-        if hvdplus.rank() == {leaver}:
-            sys.exit(3)
-        time.sleep(40)
-    """))
+def test_a_rank_exiting_with_an_error_ends_the_job_within_seconds(mpi_job, leaver):
     started = time.monotonic()
-    result = mpi_job(2, [sys.executable, str(script)], timeout=50)
+    result = mpi_job(2, program("one_rank_leaves_early", "--rank", leaver, "--exit", "3", "--others-sleep", "40"),
+                     timeout=50)
     elapsed = time.monotonic() - started
     assert result.returncode == 3, result.stderr[-3000:]
     assert elapsed < 15, f"the job took {elapsed:.1f} s to end"
@@ -45,17 +37,8 @@ def test_a_rank_exiting_with_an_error_ends_the_job_within_seconds(mpi_job, tmp_p
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-def test_a_clean_early_exit_still_waits_for_the_others(mpi_job, tmp_path):
-    script = tmp_path / "early.py"
-    script.write_text(textwrap.dedent("""
-        import sys, time
-        import hvdplus
-        hvdplus.init()
-        if hvdplus.rank() == 1:
-            sys.exit(0)
-        time.sleep(2)
-        print("rank 0 finished its work")
-    """))
-    result = mpi_job(2, [sys.executable, str(script)], timeout=50)
+def test_a_clean_early_exit_still_waits_for_the_others(mpi_job):
+    result = mpi_job(2, program("one_rank_leaves_early", "--rank", "1", "--exit", "0", "--others-sleep", "2"),
+                     timeout=50)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rank 0 finished its work" in result.stdout

@@ -11,6 +11,8 @@ import pytest
 
 import hvdplus as hvd
 
+from testkit.programs import program
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUERIES = [
     hvd.size, hvd.rank, hvd.local_size, hvd.local_rank, hvd.cross_size, hvd.cross_rank,
@@ -88,29 +90,26 @@ def test_local_input_errors_raise_directly_in_a_job_of_one(uninitialized):
         hvd.allreduce(np.ones(2), op="median")
 
 
-def run_python(code, env=None, timeout=60):
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-        env=dict(os.environ, **(env or {})),
-    )
+def run_python(command, timeout=60):
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 def test_import_does_not_start_mpi():
-    result = run_python("import sys, hvdplus; print('mpi4py.MPI' in sys.modules)")
+    result = run_python(program("report_mpi_loaded_by_import"))
     assert result.stdout.strip() == "False", result.stderr
 
 
 @pytest.mark.timeout(60)
-def test_plain_python_prints_size_one():
-    result = run_python("import hvdplus as h; h.init(); print(h.size())")
+def test_plain_python_is_rank_0_of_1():
+    result = run_python(program("hvdplus_rank_and_size"))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "1"
+    assert result.stdout.strip() == "0 1"
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(90)
 def test_hvdplusrun_three_ranks_print_their_ranks(mpi_job):
-    result = mpi_job(3, [sys.executable, "-c", "import hvdplus as h; h.init(); print(h.rank(), h.size())"], timeout=60)
+    result = mpi_job(3, program("hvdplus_rank_and_size"), timeout=60)
     assert result.returncode == 0, result.stderr
     lines = sorted(line.split("]")[-1].split(":")[-1].strip() for line in result.stdout.splitlines() if line.strip())
     assert lines == ["0 3", "1 3", "2 3"], result.stdout
@@ -132,8 +131,7 @@ def test_plain_mpirun_three_ranks():
         pytest.skip("this check spells Open MPI's flags")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     result = subprocess.run(
-        [mpirun, "--oversubscribe", "-np", "3", sys.executable, "-c",
-         "import hvdplus as h; h.init(); print(h.rank(), h.size())"],
+        [mpirun, "--oversubscribe", "-np", "3", *program("hvdplus_rank_and_size")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stderr
@@ -143,13 +141,8 @@ def test_plain_mpirun_three_ranks():
 @pytest.mark.mpi
 @pytest.mark.timeout(90)
 def test_uncaught_exception_on_one_rank_aborts_the_job_quickly(mpi_job):
-    code = (
-        "import numpy as np, hvdplus as h; h.init()\n"
-        "if h.rank() == 1: raise RuntimeError('boom on rank one')\n"
-        "h.allreduce(np.ones(3))\n"
-    )
     started = time.monotonic()
-    result = mpi_job(2, [sys.executable, "-c", code], timeout=60)
+    result = mpi_job(2, program("one_rank_leaves_early", "--rank", "1", "--raise", "boom on rank one"), timeout=60)
     assert result.returncode != 0
     assert time.monotonic() - started < 30
     assert "boom on rank one" in result.stderr + result.stdout
@@ -159,18 +152,7 @@ def test_uncaught_exception_on_one_rank_aborts_the_job_quickly(mpi_job):
 @pytest.mark.mpi
 @pytest.mark.timeout(90)
 def test_init_with_a_rank_list_in_a_real_job(mpi_job):
-    code = (
-        "import numpy as np, hvdplus as h\n"
-        "from mpi4py import MPI\n"
-        "h.init(comm=[0, 2])\n"
-        "world = MPI.COMM_WORLD.Get_rank()\n"
-        "if h.is_initialized():\n"
-        "    total = h.allreduce(np.array([world]), op=h.Sum)\n"
-        "    print(f'world {world} -> rank {h.rank()} of {h.size()} sum {total[0]}')\n"
-        "else:\n"
-        "    print(f'world {world} left out')\n"
-    )
-    result = mpi_job(3, [sys.executable, "-c", code], timeout=60)
+    result = mpi_job(3, program("init_with_rank_list"), timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "world 0 -> rank 0 of 2 sum 2" in result.stdout
     assert "world 2 -> rank 1 of 2 sum 2" in result.stdout
@@ -181,16 +163,7 @@ def test_init_with_a_rank_list_in_a_real_job(mpi_job):
 @pytest.mark.timeout(90)
 def test_node_id_variable_groups_ranks_into_nodes(mpi_job):
     # Ranks 0 and 2 pose as one node, 1 and 3 as another: nodes need not be contiguous.
-    code = (
-        "import os\n"
-        "from mpi4py import MPI\n"
-        "world = MPI.COMM_WORLD.Get_rank()\n"
-        "os.environ['HVDPLUS_NODE_ID'] = f'host-{world % 2}'\n"
-        "import hvdplus as h\n"
-        "h.init()\n"
-        "print(f'rank {h.rank()} local {h.local_rank()}/{h.local_size()} cross {h.cross_rank()}/{h.cross_size()}')\n"
-    )
-    result = mpi_job(4, [sys.executable, "-c", code], timeout=60)
+    result = mpi_job(4, program("nodes_by_rank_parity"), timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     for line in ("rank 0 local 0/2 cross 0/2", "rank 1 local 0/2 cross 1/2",
                  "rank 2 local 1/2 cross 0/2", "rank 3 local 1/2 cross 1/2"):
