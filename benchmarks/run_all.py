@@ -143,7 +143,7 @@ def main():
         if failure:
             rest = " ".join(later.name for later in chosen[index:])
             sys.exit(f"\nrun_all: benchmark {benchmark.name} failed ({failure}): {benchmark.command}\n"
-                     f"The benchmarks before it rewrote their results; the tables were not regenerated. "
+                     f"Those before it have written their new results; the tables were not regenerated. "
                      f"To go on from it: python benchmarks/run_all.py --only {rest}")
         print(f"[{index + 1}/{len(chosen)}] {benchmark.name}: done in {time.monotonic() - started:.0f} s", flush=True)
     changed = tables.rewrite()
