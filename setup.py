@@ -55,6 +55,7 @@ setup(
     long_description=read_readme(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["hvdplus", "hvdplus.*"]),
+    # tests/test_oldest_python.py reads this floor and tests hvdplus on that Python.
     python_requires=">=3.9",
     install_requires=["numpy>=1.21", "mpi4py>=3.1"],
     extras_require=EXTRAS,
