@@ -3,7 +3,8 @@
 Pure functions (host parsing, command building for each MPI, discovery, tuning flags) are
 tested directly; the rest (marked `mpi`) runs `python -m hvdplus.runner`, most of it as real
 jobs of 2 or 3 ranks, with the MPI it finds (Open MPI in CI; MPICH works too). Rank code uses
-mpi4py only, not hvdplus' runtime.
+mpi4py only, not hvdplus' runtime; rank programs and the stand-ins for mpirun are programs
+under tests/jobs/.
 """
 
 import functools
@@ -40,6 +41,8 @@ from hvdplus.runner.rank_threads import cpu_quota, rank_threads_environment, thr
 from hvdplus.runner.supervise import exit_status, run_supervised
 from hvdplus.runner.tuning import tuning_environment
 
+from testkit.programs import program, unguarded_program
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = [sys.executable, "-m", "hvdplus.runner"]
 JOB_TIMEOUT = 60
@@ -66,14 +69,9 @@ def skip_unless_a_rank_exiting_ends_the_job():
                     "exit code; hvdplus' own ranks are covered by test_engine_jobs")
 
 
-def rank_snippet(body):
-    """A `python -c` program that runs `body` with `rank`, `size` and `comm` defined."""
-    return (
-        "import os, sys, json, time\n"
-        "from mpi4py import MPI\n"
-        "comm = MPI.COMM_WORLD\n"
-        "rank, size = comm.Get_rank(), comm.Get_size()\n" + body
-    )
+def printed_environments(stdout):
+    """The environments that tests/jobs/mpi4py_print_environment.py's ranks printed."""
+    return [json.loads(line.split("ENV ", 1)[1]) for line in stdout.splitlines() if "ENV " in line]
 
 
 def is_running(pid):
@@ -368,15 +366,6 @@ def test_supervisor_kills_a_child_that_ignores_sigterm(tmp_path):
     # The child, like mpirun, puts a grandchild in a process group of its own; both
     # ignore SIGTERM, so only the SIGKILL after `kill_after` ends them.
     pid_file = tmp_path / "grandchild"
-    child = (
-        "import os, signal, subprocess, sys, time\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "code = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '\n"
-        "code += 'time.sleep(60)'\n"
-        "grandchild = subprocess.Popen([sys.executable, '-c', code], preexec_fn=os.setpgrp)\n"
-        f"open({str(pid_file)!r}, 'w').write(str(grandchild.pid))\n"
-        "time.sleep(60)\n"
-    )
 
     def send_sigterm_once_started():
         deadline = time.monotonic() + 20
@@ -388,7 +377,7 @@ def test_supervisor_kills_a_child_that_ignores_sigterm(tmp_path):
 
     threading.Thread(target=send_sigterm_once_started, daemon=True).start()
     started = time.monotonic()
-    status = run_supervised([sys.executable, "-c", child], kill_after=1.0)
+    status = run_supervised(program("ignore_sigterm_with_grandchild", pid_file), kill_after=1.0)
     assert status == 128 + signal.SIGTERM
     assert time.monotonic() - started < 15
     grandchild = int(pid_file.read_text())
@@ -405,9 +394,7 @@ def test_supervisor_kills_a_child_that_ignores_sigterm(tmp_path):
 @pytest.mark.timeout(90)
 def test_three_ranks_run_and_verbose_shows_mpirun_line(mpi_job):
     result = run_launcher(mpi_job, [
-        "--verbose", "-np", "3", sys.executable, "-c",
-        rank_snippet("print(f'RANK {rank} OF {size}', flush=True)"),
-    ])
+        "--verbose", "-np", "3", *program("mpi4py_rank_and_size")])
     assert result.returncode == 0, result.stderr
     assert sorted(re.findall(r"RANK (\d) OF 3", result.stdout)) == ["0", "1", "2"]
     command_line = result.stdout.splitlines()[0]
@@ -421,10 +408,9 @@ def test_three_ranks_run_and_verbose_shows_mpirun_line(mpi_job):
 def test_rank_exit_code_ends_job_while_others_wait_in_barrier(mpi_job):
     skip_unless_a_rank_exiting_ends_the_job()
     started = time.monotonic()
+    # Without hvdplusrun's exit guard: mpirun itself ends the job with the rank's exit code.
     result = run_launcher(mpi_job, [
-        "-np", "2", sys.executable, "-c",
-        rank_snippet("if rank == 1:\n    sys.exit(3)\ncomm.Barrier()\n"),
-    ])
+        "-np", "2", *unguarded_program("mpi4py_one_rank_fails", "--rank", "1", "--exit", "3")])
     assert result.returncode == 3, result.stderr
     assert time.monotonic() - started < 20
 
@@ -434,9 +420,7 @@ def test_rank_exit_code_ends_job_while_others_wait_in_barrier(mpi_job):
 def test_rank_raising_fails_the_job(mpi_job):
     skip_unless_a_rank_exiting_ends_the_job()
     result = run_launcher(mpi_job, [
-        "-np", "2", sys.executable, "-c",
-        rank_snippet("if rank == 0:\n    raise RuntimeError('rank zero broke')\ncomm.Barrier()\n"),
-    ])
+        "-np", "2", *program("mpi4py_one_rank_fails", "--rank", "0", "--raise", "rank zero broke")])
     assert result.returncode != 0
     assert "rank zero broke" in result.stdout + result.stderr
 
@@ -478,15 +462,9 @@ def test_tuning_flags_reach_every_rank(mpi_job, tmp_path):
         "-np", "2", "--fusion-threshold-mb", "2", "--cycle-time-ms", "3.5",
         "--timeline-filename", str(tmp_path / "timeline.json"), "--allreduce-algo", "shm",
         "--hierarchical-allreduce", "--stall-check-time-seconds", "7",
-        "--stall-shutdown-time-seconds", "11", sys.executable, "-c",
-        rank_snippet(
-            "env = {k: v for k, v in os.environ.items() if k.startswith('HVDPLUS_')}\n"
-            "print('ENV ' + json.dumps(env), flush=True)\n"
-        ),
-    ])
+        "--stall-shutdown-time-seconds", "11", *program("mpi4py_print_environment", "HVDPLUS_")])
     assert result.returncode == 0, result.stderr
-    seen = [json.loads(line.split("ENV ", 1)[1]) for line in result.stdout.splitlines()
-            if "ENV " in line]
+    seen = printed_environments(result.stdout)
     assert len(seen) == 2
     for env in seen:
         assert env["HVDPLUS_FUSION_THRESHOLD"] == str(2 * 1024 * 1024)
@@ -526,12 +504,11 @@ def test_rank_threads_reach_every_rank(mpi_job, preset):
     env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
     if preset:
         env["OMP_NUM_THREADS"] = preset
-    program = rank_snippet("print('THREADS', os.environ.get('OMP_NUM_THREADS'), flush=True)\n")
-    result = mpi_job.run_ending_on_timeout(LAUNCHER + ["-np", "2", sys.executable, "-c", program],
-                                           dict(env, PYTHONPATH=REPO), JOB_TIMEOUT)
+    command = LAUNCHER + ["-np", "2", *program("mpi4py_print_environment", "OMP_NUM_THREADS")]
+    result = mpi_job.run_ending_on_timeout(command, dict(env, PYTHONPATH=REPO), JOB_TIMEOUT)
     assert result.returncode == 0, result.stderr
     expected = preset or str(max(usable_cores(local_core_count()) // 2, 1))
-    assert [line.split("THREADS ", 1)[1] for line in result.stdout.splitlines() if "THREADS " in line] == [expected] * 2
+    assert printed_environments(result.stdout) == [{"OMP_NUM_THREADS": expected}] * 2
     assert ("hvdplusrun: OMP_NUM_THREADS=" in result.stderr) == (preset is None)
 
 
@@ -546,8 +523,7 @@ def test_three_ranks_on_localhost_slots(mpi_job, tmp_path, placement):
         hostfile.write_text("# this machine only\n\nlocalhost slots=3\n")
         flags = ["--hostfile", str(hostfile)]
     result = run_launcher(mpi_job, [
-        "--verbose", *flags, sys.executable, "-c", rank_snippet("print(f'RANK {rank} OF {size}')"),
-    ])
+        "--verbose", *flags, *program("mpi4py_rank_and_size")])
     assert result.returncode == 0, result.stderr
     assert sorted(re.findall(r"RANK (\d) OF 3", result.stdout)) == ["0", "1", "2"]
     assert "--oversubscribe" not in result.stdout.splitlines()[0]
@@ -558,9 +534,7 @@ def test_three_ranks_on_localhost_slots(mpi_job, tmp_path, placement):
 def test_output_filename_writes_one_file_per_rank(mpi_job, tmp_path):
     out = tmp_path / "logs"
     result = run_launcher(mpi_job, [
-        "-np", "2", "--output-filename", str(out), sys.executable, "-c",
-        rank_snippet("print(f'hello from {rank}')\nprint(f'warning from {rank}', file=sys.stderr)"),
-    ])
+        "-np", "2", "--output-filename", str(out), *program("mpi4py_print_to_both_streams")])
     assert result.returncode == 0, result.stderr
     if local_mpi().flavour == "openmpi":  # DIR/<job>/rank.N/stdout, stderr merged in
         files = {path.parent.name: path.read_text() for path in out.rglob("rank.*/stdout")}
@@ -576,9 +550,8 @@ def test_output_filename_writes_one_file_per_rank(mpi_job, tmp_path):
 @pytest.mark.mpi
 @pytest.mark.timeout(90)
 def test_sigterm_to_launcher_ends_every_rank(tmp_path):
-    program = sleeping_ranks(tmp_path)
     launcher = subprocess.Popen(
-        LAUNCHER + ["-np", "2", sys.executable, "-c", program],
+        LAUNCHER + ["-np", "2", *program("mpi4py_sleeping_rank", tmp_path)],
         cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -602,9 +575,8 @@ def test_sigterm_to_launcher_ends_every_rank(tmp_path):
 @pytest.mark.timeout(90)
 def test_a_test_job_past_its_timeout_leaves_no_rank_running(mpi_job, tmp_path):
     """The mpi_job fixture ends a job that hangs, ranks included, so later tests get the cores."""
-    program = sleeping_ranks(tmp_path)
     with pytest.raises(subprocess.TimeoutExpired) as expired:
-        mpi_job(2, [sys.executable, "-c", program], timeout=15)
+        mpi_job(2, program("mpi4py_sleeping_rank", tmp_path), timeout=15)
     pids = [int(name) for name in os.listdir(tmp_path)]
     try:
         assert len(pids) == 2, f"ranks did not start in time: {expired.value.stderr}"
@@ -612,16 +584,6 @@ def test_a_test_job_past_its_timeout_leaves_no_rank_running(mpi_job, tmp_path):
         assert_all_end(pids)
     finally:
         kill_leftovers(pids)
-
-
-def sleeping_ranks(directory):
-    """A rank program that leaves a file named by its pid in `directory`, says 'started' and
-    sleeps two minutes: a job to end."""
-    return rank_snippet(
-        f"open(os.path.join({str(directory)!r}, str(os.getpid())), 'w').close()\n"
-        "print('started', flush=True)\n"
-        "time.sleep(120)\n"
-    )
 
 
 def kill_leftovers(pids):
@@ -663,21 +625,20 @@ def test_ssh_flags_parse_and_a_missing_identity_file_is_named(tmp_path):
 
 def test_a_job_that_lost_a_host_fails_even_when_mpirun_exits_0(capfd):
     # mpirun's message split over two writes, as a pipe may deliver it; then mpirun exits 0.
-    marker = OPEN_MPI_LOST_HOST.decode()
-    script = (f"import sys, time; sys.stderr.write({marker[:10]!r}); sys.stderr.flush(); time.sleep(0.2); "
-              f"sys.stderr.write({marker[10:]!r} + '\\n')")
-    assert run_supervised([sys.executable, "-c", script], lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS) == 1
+    mpirun = program("print_as_mpirun", "--stderr", OPEN_MPI_LOST_HOST.decode() + "\n", "--split", "10")
+    assert run_supervised(mpirun, lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS) == 1
     assert "mpirun lost a host" in capfd.readouterr().err
-    assert run_supervised([sys.executable, "-c", "print('fine')"], lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS) == 0
+    fine = program("print_as_mpirun", "--stdout", "fine\n")
+    assert run_supervised(fine, lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS) == 0
 
 
 def test_the_hosts_a_job_lost_are_read_from_open_mpis_message():
     message = ("PRTE has lost communication with a remote daemon.\n\n"
                "  HNP daemon   : [prterun-node1-20@0,0] on node node1\n"
                "  Remote daemon: [prterun-node1-20@0,2] on node node3\n")
-    script = f"import sys; sys.stderr.write({message!r})"
     lost = []
-    assert run_supervised([sys.executable, "-c", script], lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS, lost_hosts=lost) == 1
+    assert run_supervised(program("print_as_mpirun", "--stderr", message), lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS,
+                          lost_hosts=lost) == 1
     assert lost == ["node3"]
 
 
@@ -695,19 +656,17 @@ def test_a_host_whose_ssh_session_ended_is_read_as_lost():
                "  Local host:    node1\n"
                "  Remote host:   node3\n"
                "  Daemon exit status: 255\n")
-    script = f"import sys; sys.stdout.write({message!r}); sys.exit(255)"
     lost = []
-    assert run_supervised([sys.executable, "-c", script], lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS,
-                          lost_hosts=lost) == 255
+    assert run_supervised(program("print_as_mpirun", "--stdout", message, "--exit", "255"),
+                          lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS, lost_hosts=lost) == 255
     assert lost == ["node3"]
 
 
 def test_a_host_named_on_both_streams_is_lost_once():
     message = "PRTE has lost communication with a remote daemon.\n  Remote daemon: [p@0,2] on node node3\n"
-    script = f"import sys; sys.stdout.write({message!r}); sys.stdout.flush(); sys.stderr.write({message!r})"
     lost = []
-    assert run_supervised([sys.executable, "-c", script], lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS,
-                          lost_hosts=lost) == 1
+    assert run_supervised(program("print_as_mpirun", "--stdout", message, "--stderr", message),
+                          lost_host_markers=OPEN_MPI_LOST_HOST_MARKERS, lost_hosts=lost) == 1
     assert lost == ["node3"]
 
 
@@ -724,9 +683,7 @@ def test_an_elastic_launch_leaves_nothing_running_on_this_machine(tmp_path):
     # prterun that gives up on a lost host may exit before the ranks it started here: the
     # next launch must not run beside them (one would ask for a restart of its own).
     pid_file = tmp_path / "pid"
-    script = (f"import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-              f"open({str(pid_file)!r}, 'w').write(str(child.pid))")
-    assert run_supervised([sys.executable, "-c", script], end_leftovers=True) == 0
+    assert run_supervised(program("leave_a_child_running", pid_file), end_leftovers=True) == 0
     pid = int(pid_file.read_text())
     deadline = time.monotonic() + 5
     while _is_running(pid):
