@@ -5,11 +5,12 @@ any) does not, so the tables change when the modules do."""
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
 from hvdplus.horovod_alias import PATH as ALIAS_PATH
+
+from testkit.programs import program
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "moving-from-horovod.md")
 
@@ -39,18 +40,10 @@ def table_rows(heading):
 
 def missing_names(module, names):
     """The names of `names` that `module`, imported as Horovod's programs import it, lacks."""
-    code = ("import importlib, sys\n"
-            f"m = importlib.import_module({module!r})\n"
-            "for name in sys.argv[1:]:\n"
-            "    value = m\n"
-            "    for part in name.split('.'):\n"
-            "        value = getattr(value, part, None)\n"
-            "    if value is None:\n"
-            "        print(name)\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ALIAS_PATH, os.environ.get("PYTHONPATH", "")]),
                TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, env=env,
-                            timeout=180)
+    result = subprocess.run(program("report_missing_names", module, *names), capture_output=True, text=True,
+                            env=env, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.split()
 
@@ -66,8 +59,8 @@ def test_every_horovod_torch_name_in_the_table_exists():
 @pytest.mark.parametrize("prefix, module", [("", "horovod.tensorflow"), ("Keras: ", "horovod.tensorflow.keras")])
 def test_the_tensorflow_and_keras_tables_say_what_exists(prefix, module):
     pytest.importorskip("tensorflow")
-    rows = [(names, status) for cell, names, status in table_rows("## `horovod.tensorflow` and `horovod.tensorflow.keras`")
-            if cell.startswith("Keras:") == (prefix == "Keras: ")]
+    table = table_rows("## `horovod.tensorflow` and `horovod.tensorflow.keras`")
+    rows = [(names, status) for cell, names, status in table if cell.startswith("Keras:") == (prefix == "Keras: ")]
     present = [name for names, status in rows if status.startswith("same") for name in names]
     absent = [name for names, status in rows if status.startswith("not yet") for name in names]
     assert present

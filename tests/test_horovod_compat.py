@@ -3,79 +3,56 @@
 Programs in Horovod's style (tests/horovod_programs/) run under horovodrun on 2 and 3 ranks
 and check themselves against single-process references; the alias is checked in fresh
 interpreters, including that it refuses to shadow a Horovod installed beside it (a
-stand-in package on the path)."""
+stand-in package on the path, tests/jobs/installed_horovod)."""
 
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from hvdplus.horovod_alias import PATH as ALIAS_PATH
 from hvdplus.runner import horovod_flags
 
+from testkit.programs import FOLDER, program
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = os.path.join(REPO, "tests", "horovod_programs")
+# A folder holding a package named horovod, with a launcher, as a real install has.
+INSTALLED_HOROVOD = os.path.join(FOLDER, "installed_horovod")
 
 
-def python(code, *path, timeout=120):
-    """`code` in a fresh interpreter with `path` first on its import path."""
+def python(command, *path, timeout=120):
+    """`command`, a fresh interpreter, with `path` first on its import path."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*path, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=REPO)
-
-
-@pytest.fixture
-def stand_in_horovod(tmp_path):
-    """A folder holding a package named horovod, with a launcher, as a real install has."""
-    package = tmp_path / "horovod"
-    (package / "runner").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "runner" / "__init__.py").write_text("")
-    (package / "runner" / "launch.py").write_text(
-        "import sys\n\ndef run_commandline():\n    print('real horovodrun', sys.argv[1:])\n    return 0\n")
-    return str(tmp_path)
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
 
 
 def test_horovod_modules_are_hvdplus_modules():
-    result = python("""
-        import horovod, horovod.torch as hvd, hvdplus.torch
-        import horovod.torch.elastic, horovod.keras.callbacks, horovod.tensorflow.keras as hk, hvdplus.keras
-        from horovod.common.exceptions import HorovodInternalError
-        from horovod.torch.mpi_ops import allreduce_async_
-        assert hvd.__name__ == "horovod.torch" and hvd.DistributedOptimizer is hvdplus.torch.DistributedOptimizer
-        assert horovod.torch.elastic.TorchState is hvdplus.torch.elastic.TorchState
-        assert horovod.keras.callbacks.MetricAverageCallback is hvdplus.keras.callbacks.MetricAverageCallback
-        assert hk.DistributedOptimizer is hvdplus.keras.DistributedOptimizer
-        assert HorovodInternalError is hvdplus.torch.HorovodInternalError
-        assert allreduce_async_ is hvdplus.torch.allreduce_async_
-        assert horovod.__version__.startswith("0.28.1+hvdplus.")
-        print("aliased")
-    """, ALIAS_PATH)
+    result = python(program("horovod_modules_are_hvdplus"), ALIAS_PATH)
     assert result.returncode == 0 and "aliased" in result.stdout, result.stderr[-3000:]
 
 
 def test_a_module_hvdplus_does_not_serve_is_named():
-    result = python("import horovod.spark", ALIAS_PATH)
+    result = python([sys.executable, "-c", "import horovod.spark"], ALIAS_PATH)
     assert result.returncode != 0
     assert "No module named 'horovod.spark'" in result.stderr and "hvdplus serves" in result.stderr
 
 
-def test_the_alias_refuses_to_shadow_an_installed_horovod(stand_in_horovod):
-    result = python("import horovod", ALIAS_PATH, stand_in_horovod)
+def test_the_alias_refuses_to_shadow_an_installed_horovod():
+    result = python([sys.executable, "-c", "import horovod"], ALIAS_PATH, INSTALLED_HOROVOD)
     assert result.returncode != 0
-    assert "will not shadow the Horovod installed at " + os.path.join(stand_in_horovod, "horovod") in result.stderr
+    assert "will not shadow the Horovod installed at " + os.path.join(INSTALLED_HOROVOD, "horovod") in result.stderr
 
 
-def test_the_launcher_leaves_the_alias_out_where_horovod_is_installed(stand_in_horovod, monkeypatch):
+def test_the_launcher_leaves_the_alias_out_where_horovod_is_installed(monkeypatch):
     assert horovod_flags.python_path_with_alias("/x").split(os.pathsep) == [ALIAS_PATH, "/x"]
-    monkeypatch.setattr(sys, "path", [stand_in_horovod, *sys.path])
+    monkeypatch.setattr(sys, "path", [INSTALLED_HOROVOD, *sys.path])
     assert horovod_flags.python_path_with_alias("/x") == "/x"
 
 
-def test_horovodrun_hands_over_to_an_installed_horovod(stand_in_horovod):
-    env = dict(os.environ, PYTHONPATH=stand_in_horovod)
+def test_horovodrun_hands_over_to_an_installed_horovod():
+    env = dict(os.environ, PYTHONPATH=INSTALLED_HOROVOD)
     result = subprocess.run([sys.executable, "-m", "hvdplus.runner.horovodrun", "-np", "2", "python", "x.py"],
                             capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
