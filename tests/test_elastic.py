@@ -9,13 +9,12 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "elastic_jobs"))
-
-import replay  # noqa: E402 (found through the path added above)
+from elastic_jobs import replay
+from testkit.programs import program
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(200)]
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "elastic_jobs", "torch_train.py")
 STEPS_PER_EPOCH_AT_3 = 8  # 96 samples in batches of 4 per rank
 
@@ -84,7 +83,7 @@ def test_restart_resumes_from_the_commit_on_disk(mpi_job, tmp_path):
 
 
 def test_too_few_survivors_restart_after_waiting_for_slots(mpi_job, tmp_path):
-    # Two of three die, leaving fewer than --min-np 2: the launcher restarts on the slot left... 
+    # Two of three die, leaving fewer than --min-np 2: the launcher restarts on the slot left...
     # which is not enough either, so it gives up after --elastic-timeout.
     out = str(tmp_path / "result.json")
     result = mpi_job(3, [sys.executable, SCRIPT, out, "--kill", "1:2:step", "--kill", "2:2:step"],
@@ -107,21 +106,10 @@ def test_growing_restarts_on_the_new_slots_at_a_commit(mpi_job, tmp_path):
     assert "restarting the job on the new slots" in output
 
 
-def test_an_error_is_not_taken_for_a_failure(mpi_job, tmp_path):
+def test_an_error_is_not_taken_for_a_failure(mpi_job):
     # Under ULFM the ranks report deaths themselves: a launch that aborts on an uncaught
     # exception ends the elastic job with its status, without restarting it.
-    script = tmp_path / "broken.py"
-    script.write_text(
-        "import hvdplus as hvd\n"
-        "hvd.init()\n"
-        "state = hvd.elastic.ObjectState(step=0)\n"
-        "@hvd.elastic.run\n"
-        "def train(state):\n"
-        "    if hvd.rank() == 1:\n"
-        "        raise KeyError('a bug in the training script')\n"
-        "    hvd.barrier()\n"
-        "train(state)\n")
-    result = mpi_job(2, [sys.executable, str(script)], launcher_args=["--min-np", "1"], timeout=60)
+    result = mpi_job(2, program("elastic_job_with_a_bug"), launcher_args=["--min-np", "1"], timeout=60)
     assert result.returncode != 0
     assert "KeyError: 'a bug in the training script'" in result.stderr
     assert "restart" not in result.stderr

@@ -12,13 +12,11 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "elastic_jobs"))
-
-import replay  # noqa: E402
+from elastic_jobs import replay
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = os.path.join(HERE, "elastic_jobs")
 STEPS_PER_EPOCH_AT_3 = 8  # 96 samples in batches of 4 per rank
 
