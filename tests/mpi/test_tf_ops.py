@@ -11,17 +11,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 import hvdplus.tensorflow as hvd  # noqa: E402
 from testkit.rank_data import rank_values  # noqa: E402
+from testkit.tensorflow_modes import MODES, gradient_of, run  # noqa: E402
 
 FLOATS = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 INTEGERS = [tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64]
 ALL = FLOATS + INTEGERS + [tf.bool]
 TOL = {tf.float16: 1e-2, tf.bfloat16: 3e-2, tf.float32: 1e-5, tf.float64: 1e-12}
-MODES = ["eager", "graph"]
-
-
-def run(mode, fn, *args):
-    """fn(*args) eagerly, or traced into a tf.function and run."""
-    return fn(*args) if mode == "eager" else tf.function(fn)(*args)
 
 
 def rank_array(dtype, shape, rank, seed):
@@ -155,17 +150,6 @@ def test_reducescatter(dtype, mode, rank, size):
 
 
 # -- gradients ------------------------------------------------------------------------------
-def gradient_of(mode, loss_fn, *variables):
-    """d loss_fn() / d variables, eagerly or inside a tf.function."""
-
-    def compute():
-        with tf.GradientTape() as tape:
-            loss = loss_fn()
-        return tape.gradient(loss, list(variables))
-
-    return run(mode, compute)
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op", [hvd.Average, hvd.Sum], ids=lambda op: op.label)
 def test_allreduce_gradient_is_an_allreduce(op, mode, rank, size):

@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 import hvdplus.tensorflow as hvd  # noqa: E402
 from testkit.rank_data import rank_values  # noqa: E402
-from test_tf_ops import MODES, gradient_of, run  # noqa: E402
+from testkit.tensorflow_modes import MODES, gradient_of, run  # noqa: E402
 
 pytestmark = pytest.mark.skipif(hvd.size() < 2, reason="process sets other than the job's need two ranks")
 

@@ -11,13 +11,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 import hvdplus.engine.collectives as collectives  # noqa: E402
 import hvdplus.tensorflow as hvd  # noqa: E402
+from testkit.tensorflow_modes import MODES, run  # noqa: E402
 
-MODES = ["eager", "graph"]
 STEPS, BATCH, FEATURES, VOCABULARY = 4, 6, 3, 7
-
-
-def run(mode, fn, *args):
-    return fn(*args) if mode == "eager" else tf.function(fn)(*args)
 
 
 def model_variables():

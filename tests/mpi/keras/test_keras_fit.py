@@ -9,6 +9,8 @@ import pytest
 import keras
 import hvdplus.keras as hvd
 
+from testkit.keras_callbacks import RecordLogs
+
 # tests/mpi/conftest.py has started hvdplus; Keras' own init also quiets Keras on ranks > 0.
 hvd.init()
 
@@ -79,15 +81,6 @@ def test_broadcast_callback_makes_ranks_identical(rank, size):
     model.fit(x, y, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     for mine, root in zip(model.get_weights(), root_weights):
         np.testing.assert_array_equal(mine, root)
-
-
-class RecordLogs(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.epochs = []
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.epochs.append(dict(logs))
 
 
 def test_metric_average_callback_averages_epoch_logs(rank, size):
@@ -163,7 +156,8 @@ def test_models_that_differ_across_ranks_get_a_clear_error(rank):
     model = make_model(hidden=8 + rank)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
     x, y = global_data(1, batches=1)
-    with pytest.raises(hvd.TensorMismatchError, match=r"Mismatched shapes for 'model\.0\.sequential/dense/kernel'.*rank 0 had \(5, 8\), rank 1 had \(5, 9\)"):
+    mismatch = r"Mismatched shapes for 'model\.0\.sequential/dense/kernel'.*rank 0 had \(5, 8\), rank 1 had \(5, 9\)"
+    with pytest.raises(hvd.TensorMismatchError, match=mismatch):
         model.fit(x, y, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 
 

@@ -10,7 +10,8 @@ import pytest
 
 import keras
 import hvdplus.keras as hvd
-from test_keras_fit import RecordLogs
+
+from testkit.keras_callbacks import RecordLogs
 
 hvd.init()
 
