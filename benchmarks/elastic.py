@@ -12,13 +12,13 @@ the median of `--repeats` jobs each; the other rank waits, idle, meanwhile.
 Commit cost: in this job, the training throughput of the same MLP (batch 64 per rank)
 without commits, committing a TorchState every 10 steps in memory (what elastic jobs do
 where MPI lets the ranks outlive a dead one), and every 10 steps in memory and to disk
-(where it does not, rank 0 writes each commit), measured in turns (harness.interleaved_throughputs), with their ratios to no commits.
+(where it does not, rank 0 writes each commit), measured in turns (harness.interleaved_throughputs),
+with their ratios to no commits.
 
 Writes benchmarks/results/elastic_np<ranks>.csv (see harness.write_results).
 """
 
 import argparse
-import json
 import os
 import signal
 import statistics

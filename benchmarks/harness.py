@@ -26,7 +26,8 @@ import time
 from mpi4py import MPI
 
 __all__ = ["throughput", "interleaved_throughputs", "array_batches", "fit_runner", "init_gloo",
-           "add_csv_option", "write_results", "write_table", "library_versions", "ratio", "throughput_rows", "print_throughput_rows"]
+           "add_csv_option", "write_results", "write_table", "library_versions", "ratio", "throughput_rows",
+           "print_throughput_rows"]
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPOSITORY, "benchmarks", "results")

@@ -110,7 +110,8 @@ def print_run(gbit, layout, rows):
     for row in rows:
         if row["measurement"] != "allreduce":
             continue
-        model = "" if row["model_seconds"] is None else f"{row['model_seconds']:9.4f} {row['measured_over_model']:10.2f}"
+        model = ("" if row["model_seconds"] is None
+                 else f"{row['model_seconds']:9.4f} {row['measured_over_model']:10.2f}")
         print(f"  {row['bytes'] / 2**20:6g} {row['method']:14s} {row['seconds']:9.4f} {row['busbw_GBps']:10.3f} "
               f"{row['ratio_to_mpi']:6.2f} {model}", flush=True)
 

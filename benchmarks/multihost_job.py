@@ -9,6 +9,7 @@ core from the ranks being measured.
 """
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -139,7 +140,7 @@ def main():
         samples = {name: [] for name in methods}
         for _ in range(args.rounds):  # in turns, so that every method sees the same drift
             for name, method in methods.items():
-                samples[name].append(timed(lambda: method(data, out)))
+                samples[name].append(timed(functools.partial(method, data, out)))
                 if abs(float(out.astype(np.float64).sum()) - expected) > 1e-3 * abs(expected):
                     raise AssertionError(f"{name} all-reduced {mib} MiB wrongly")
         rows += [{"bytes": data.nbytes, "method": name, "seconds": statistics.median(values),

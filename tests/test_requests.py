@@ -22,7 +22,8 @@ def test_describe_groups_ranks_by_value():
 
 
 def test_first_differing_field_is_reported():
-    with pytest.raises(TensorMismatchError, match=r"Mismatched reduce ops for 'g' \(allreduce\): rank 0 had Sum, rank 1 had Max"):
+    mismatch = r"Mismatched reduce ops for 'g' \(allreduce\): rank 0 had Sum, rank 1 had Max"
+    with pytest.raises(TensorMismatchError, match=mismatch):
         check_agreement([allreduce_request(), allreduce_request(op=Max)])
 
 

@@ -15,7 +15,8 @@ from ..common.dtypes import accumulation_dtype
 from ..common.reduce_ops import ReduceOp
 from .reduction import apply_scale
 
-__all__ = ["MPI_OPS", "prepare_reduction", "finish_reduction", "allgather", "broadcast", "alltoall", "reducescatter", "reducescatter_rows"]
+__all__ = ["MPI_OPS", "prepare_reduction", "finish_reduction", "allgather", "broadcast", "alltoall", "reducescatter",
+           "reducescatter_rows"]
 
 MPI_OPS = {
     ReduceOp.AVERAGE: MPI.SUM,

@@ -165,7 +165,7 @@ def remove_process_set(process_set: ProcessSet) -> None:
     set_id = process_set.process_set_id
     everyone = live.admin_comm.allgather(set_id)
     if any(other != set_id for other in everyone):
-        raise ValueError(f"remove_process_set: the ranks disagree about the set: "
+        raise ValueError("remove_process_set: the ranks disagree about the set: "
                          + "; ".join(f"rank {r} passed set {other}" for r, other in enumerate(everyone)))
     if set_id == 0:
         raise ValueError("remove_process_set: the global process set cannot be removed")

@@ -52,5 +52,6 @@ class Timeline:
         with self._lock:
             if self._file.closed:
                 return
-            self._file.write(json.dumps({"name": "timeline_end", "ph": "i", "pid": 0, "ts": now_us(), "s": "g"}) + "\n]\n")
+            end = {"name": "timeline_end", "ph": "i", "pid": 0, "ts": now_us(), "s": "g"}
+            self._file.write(json.dumps(end) + "\n]\n")
             self._file.close()

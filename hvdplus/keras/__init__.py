@@ -13,10 +13,19 @@ import keras
 from ..engine import process_sets as _process_sets
 from ..engine import runtime as _runtime
 from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
+from ..engine.basics import Average
+from ..engine.basics import __all__ as _BASICS
 from . import callbacks, elastic
 from .compression import Compression
 from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcast_object, reducescatter
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, distributed_class
+
+__all__ = [
+    *_BASICS,
+    "callbacks", "elastic", "Compression", "allgather", "allgather_object", "allreduce", "broadcast",
+    "broadcast_object", "reducescatter", "DistributedOptimizer", "PartialDistributedOptimizer",
+    "broadcast_global_variables", "verbose", "load_model",
+]
 
 
 def init(comm=None, process_sets=None, quiet_other_ranks=True):

@@ -7,6 +7,7 @@
 """
 
 from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
+from ..engine.basics import __all__ as _BASICS
 from . import elastic
 from .compression import Compression
 from .cross_device_ops import CrossDeviceOps
@@ -23,3 +24,13 @@ from .mpi_ops import (
 from .optimizer import DistributedOptimizer
 from .p2p import recv, send
 from .sync_batch_norm import SyncBatchNormalization
+
+__all__ = [
+    *_BASICS,
+    "elastic", "Compression", "CrossDeviceOps", "BroadcastGlobalVariablesHook", "allgather_object", "broadcast_",
+    "broadcast_global_variables", "broadcast_object", "broadcast_variables", "DistributedGradientTape",
+    "PartialDistributedGradientTape", "local_rank_op", "local_size_op", "process_set_included_op", "rank_op",
+    "size_op", "allgather", "allreduce", "alltoall", "barrier", "broadcast", "grouped_allgather",
+    "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter", "DistributedOptimizer", "recv", "send",
+    "SyncBatchNormalization"
+]

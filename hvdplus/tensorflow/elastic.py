@@ -25,8 +25,10 @@ import tensorflow as tf
 from ..elastic import HostsUpdatedInterrupt, ObjectHandler, ObjectState, RanksFailedError, State, run
 from .functions import broadcast_variables
 
-__all__ = ["TensorFlowState", "TensorFlowKerasState", "run", "ObjectState", "State", "HostsUpdatedInterrupt",
-           "RanksFailedError"]
+__all__ = [
+    "TensorFlowState", "run", "ObjectState", "State", "HostsUpdatedInterrupt", "RanksFailedError",
+    "TensorFlowKerasState",  # noqa: F822 (the module's __getattr__ loads it on first use)
+]
 
 
 class _VariablesHandler(ObjectHandler):

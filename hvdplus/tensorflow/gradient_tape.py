@@ -93,7 +93,8 @@ class _DistributedGradientTape:
         if not self._local_sources:
             return set()
         flat_sources = tf.nest.flatten(sources)
-        return {index for index, source in enumerate(flat_sources[:count]) if _source_key(source) in self._local_sources}
+        return {index for index, source in enumerate(flat_sources[:count])
+                if _source_key(source) in self._local_sources}
 
     def _scaled_local(self, grad):
         if grad is None or not self._scale_local_gradients:

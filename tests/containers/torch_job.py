@@ -21,8 +21,8 @@ def make_model():
 
 def batches(size):
     generator = torch.Generator().manual_seed(7)
-    return [(torch.randn(size * PER_RANK, 64, generator=generator), torch.randn(size * PER_RANK, 4, generator=generator))
-            for _ in range(STEPS)]
+    return [(torch.randn(size * PER_RANK, 64, generator=generator),
+             torch.randn(size * PER_RANK, 4, generator=generator)) for _ in range(STEPS)]
 
 
 def train(model, optimizer, data, rows):

@@ -31,8 +31,8 @@ def model():
 
 
 rng = np.random.default_rng(2)
-batches = [(rng.standard_normal((2 * size, 4)).astype(np.float32), rng.standard_normal((2 * size, 1)).astype(np.float32))
-           for _ in range(4)]
+batches = [(rng.standard_normal((2 * size, 4)).astype(np.float32),
+            rng.standard_normal((2 * size, 1)).astype(np.float32)) for _ in range(4)]
 mine, reference = model(), model()
 hvd.broadcast_variables(mine.variables, root_rank=0)
 optimizer, plain = tf.keras.optimizers.SGD(0.1), tf.keras.optimizers.SGD(0.1)

@@ -197,7 +197,8 @@ def test_integer_average_and_scale_factors_truncate_as_horovod_does(dtype, rank,
     want = horovod_integer_reduction(every, dtype, average=True)
     np.testing.assert_array_equal(grouped[0], want)
     np.testing.assert_array_equal(grouped[1], want[:2])
-    scaled = hvd.allreduce(mine, op=hvd.Sum, prescale_factor=0.5, postscale_factor=1.5, name=f"int.scaled.{dtype.__name__}")
+    scaled = hvd.allreduce(mine, op=hvd.Sum, prescale_factor=0.5, postscale_factor=1.5,
+                           name=f"int.scaled.{dtype.__name__}")
     np.testing.assert_array_equal(scaled, horovod_integer_reduction(every, dtype, False, 0.5, 1.5))
 
 

@@ -24,7 +24,8 @@ def test_mismatched_shapes_name_tensor_ranks_and_shapes(rank):
 
 def test_mismatched_dtypes(rank):
     dtype = np.float32 if rank == 0 else np.float64
-    with pytest.raises(hvd.TensorMismatchError, match=r"dtypes for 'w'.*rank 0 had float32.*ranks? 1(, 2)? had float64"):
+    mismatch = r"dtypes for 'w'.*rank 0 had float32.*ranks? 1(, 2)? had float64"
+    with pytest.raises(hvd.TensorMismatchError, match=mismatch):
         hvd.allreduce(np.zeros(3, dtype=dtype), name="w")
 
 
@@ -45,7 +46,8 @@ def test_mismatched_root_ranks(rank):
 
 
 def test_mismatched_trailing_dimensions_in_allgather(rank):
-    with pytest.raises(hvd.TensorMismatchError, match=r"trailing dimensions.*rank 0 had \(2,\).*ranks? 1(, 2)? had \(3,\)"):
+    mismatch = r"trailing dimensions.*rank 0 had \(2,\).*ranks? 1(, 2)? had \(3,\)"
+    with pytest.raises(hvd.TensorMismatchError, match=mismatch):
         hvd.allgather(np.zeros((1, 2 + min(rank, 1))))
 
 

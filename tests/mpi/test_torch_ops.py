@@ -29,7 +29,8 @@ def reference(dtype, shape, seed, size, reduce):
 def assert_close(actual, expected, dtype):
     assert actual.dtype == dtype
     if dtype.is_floating_point:
-        torch.testing.assert_close(actual.to(torch.float64), expected.to(torch.float64), rtol=TOL[dtype], atol=TOL[dtype])
+        torch.testing.assert_close(actual.to(torch.float64), expected.to(torch.float64), rtol=TOL[dtype],
+                                   atol=TOL[dtype])
     else:
         assert torch.equal(actual, expected.to(dtype))
 
@@ -57,7 +58,8 @@ def test_allreduce_variants(dtype, variant, rank, size):
 @pytest.mark.parametrize("op", [hvd.Min, hvd.Max, hvd.Product])
 def test_other_ops_and_bool(op, rank, size):
     mine = rank_tensor(torch.float32, (5,), rank, 2)
-    reduce = {hvd.Min: lambda s: s.min(0).values, hvd.Max: lambda s: s.max(0).values, hvd.Product: lambda s: s.prod(0)}[op]
+    reduce = {hvd.Min: lambda s: s.min(0).values, hvd.Max: lambda s: s.max(0).values,
+              hvd.Product: lambda s: s.prod(0)}[op]
     assert_close(hvd.allreduce(mine, op=op), reference(torch.float32, (5,), 2, size, reduce), torch.float32)
     flags = rank_tensor(torch.bool, (6,), rank, 3)
     everyone = torch.stack([rank_tensor(torch.bool, (6,), r, 3) for r in range(size)])
@@ -104,7 +106,8 @@ def test_alltoall_and_reducescatter(rank, size):
     data = torch.arange(sum(splits), dtype=torch.float32) + 100 * rank
     received, received_splits = hvd.alltoall(data, splits=torch.tensor(splits))
     offset = sum(splits[:rank])
-    expected = torch.cat([torch.arange(offset, offset + splits[rank], dtype=torch.float32) + 100 * r for r in range(size)])
+    expected = torch.cat([torch.arange(offset, offset + splits[rank], dtype=torch.float32) + 100 * r
+                          for r in range(size)])
     assert torch.equal(received, expected)
     assert received_splits.tolist() == [splits[rank]] * size
     # Without splits, Horovod returns the received rows alone.

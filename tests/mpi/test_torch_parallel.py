@@ -5,7 +5,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import hvdplus.torch as hvd  # noqa: E402
 from hvdplus.torch.parallel import ColumnParallelLinear, RowParallelLinear  # noqa: E402
 
 FEATURES, HIDDEN, OUT = 6, 12, 4  # 12 splits over 1, 2, 3 and 4 ranks

@@ -105,7 +105,7 @@ def test_each_schedule_runs_every_pass_once_forward_before_backward(kind, stages
     chunks = 5
     for stage in range(stages):
         steps = schedule(kind, stage, stages, chunks)
-        assert sorted(steps) == sorted([("forward", m) for m in range(chunks)] + [("backward", m) for m in range(chunks)])
+        assert sorted(steps) == sorted([(direction, m) for direction in ("forward", "backward") for m in range(chunks)])
         for m in range(chunks):
             assert steps.index(("forward", m)) < steps.index(("backward", m))
         held = peak = 0
