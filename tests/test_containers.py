@@ -6,11 +6,11 @@ Skipped where podman (or a way to make the base image) is absent, which fails a 
 
 import json
 import os
-import sys
 import time
 
 import pytest
 
+from elastic_jobs import replay  # the numpy replay of tests/test_elastic.py
 from testkit import cluster
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -69,9 +69,6 @@ def test_distributed_optimizer_across_containers_trains_like_one_process(hosts):
 
 
 def test_an_elastic_job_across_containers_goes_on_without_a_dead_rank(hosts):
-    sys.path.insert(0, os.path.join(cluster.REPO, "tests", "elastic_jobs"))
-    import replay  # the numpy replay of tests/test_elastic.py
-
     nodes = hosts(3, mounts={os.path.join(cluster.REPO, "tests", "elastic_jobs"): "/elastic"})
     # The rank on the third container kills itself at step 5; the two others re-form the job
     # in place (ULFM) across their containers and finish the epochs.
@@ -86,9 +83,6 @@ def test_an_elastic_job_across_containers_goes_on_without_a_dead_rank(hosts):
 
 
 def test_an_elastic_job_restarts_without_a_container_killed_mid_job(hosts):
-    sys.path.insert(0, os.path.join(cluster.REPO, "tests", "elastic_jobs"))
-    import replay
-
     nodes = hosts(3, mounts={os.path.join(cluster.REPO, "tests", "elastic_jobs"): "/elastic"})
     job = cluster.subprocess.Popen(
         ["podman", "exec", "-u", "hvd", "-w", "/home/hvd", nodes.names[0], "hvdplusrun", "-np", "3", "--min-np", "2",
@@ -129,13 +123,7 @@ def test_a_container_killed_mid_job_ends_the_job_with_an_error(hosts):
     nodes = hosts(2)
     job = cluster.subprocess.Popen(
         ["podman", "exec", "-u", "hvd", nodes.names[0], "hvdplusrun", "-np", "2", "-H", nodes.hosts([1, 1]),
-         "python", "-c", "import time, hvdplus as hvd, numpy as np\n"
-         "hvd.init()\n"
-         "hvd.allreduce(np.ones(4), name='first')\n"
-         "print('running', flush=True)\n"
-         "while True:\n"
-         "    hvd.allreduce(np.ones(4), name='tick')\n"
-         "    time.sleep(0.05)\n"],
+         "python", "/jobs/allreduce_until_killed.py"],
         stdout=cluster.subprocess.PIPE, stderr=cluster.subprocess.STDOUT, text=True)
     try:
         lines = []

@@ -7,11 +7,11 @@ import glob
 import importlib.util
 import os
 import re
-import sys
 
 import pytest
 
 from testkit.mpi_jobs import REPO
+from testkit.programs import program
 
 pytestmark = pytest.mark.mpi
 
@@ -110,22 +110,10 @@ def test_torch_process_sets_in_a_job_of_four(mpi_job):
 
 
 @pytest.mark.timeout(120)
-def test_point_to_point_with_a_dead_peer_raises_ranks_failed(mpi_job, tmp_path):
+def test_point_to_point_with_a_dead_peer_raises_ranks_failed(mpi_job):
     # Elastic mode runs MPI with failure mitigation: rank 2 dies while rank 0 waits for its
     # message and rank 1 for its acknowledgement; neither may hang.
-    script = tmp_path / "dead_peer.py"
-    script.write_text(
-        "import os, signal, numpy as np, hvdplus as hvd\n"
-        "hvd.init()\n"
-        "hvd.barrier()\n"
-        "if hvd.rank() == 2:\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "try:\n"
-        "    hvd.recv(3, 2) if hvd.rank() == 0 else hvd.send(np.zeros(3, np.float32), 2)\n"
-        "except hvd.RanksFailedError as error:\n"
-        "    print(f'rank {hvd.rank()}: {error}', flush=True)\n"
-        "os._exit(0)\n")
-    result = mpi_job(3, [sys.executable, str(script)], launcher_args=["--min-np", "1"], timeout=90)
+    result = mpi_job(3, program("p2p_with_a_dead_peer"), launcher_args=["--min-np", "1"], timeout=90)
     # A rank that learns of the death from the others' revoking may not know who died yet.
     for line in (r"rank 0: recv from rank 2 with tag 0: (ranks \[2\]|a rank) of the 3-rank job failed",
                  r"rank 1: send to rank 2 with tag 0: (ranks \[2\]|a rank) of the 3-rank job failed"):
