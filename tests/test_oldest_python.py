@@ -18,10 +18,11 @@ import subprocess
 
 import pytest
 
+from testkit.mpi_jobs import REPO
+
 # Both tests build the environment when they are the first to need it.
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(900)]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The core's one-process test files: none imports a framework.
 FRAMEWORK_FREE_TESTS = [
     "tests/test_adasum.py",
