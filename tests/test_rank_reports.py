@@ -34,6 +34,13 @@ def test_a_failure_on_one_rank_is_named_with_its_rank_and_the_rest_runs():
     # Every other test ran and passed on every rank: 4 tests x 3 ranks, less the failure.
     assert re.search(r"exit 1, 11 passed, 1 failed, 0 skipped", result.stdout), result.stdout
     assert "ended during" not in result.stdout, result.stdout
+    # Each rank's whole pytest output is in its own file: the failure's traceback is in rank 2's.
+    logs = re.search(r"^each rank's output: (.*)$", result.stdout, re.M).group(1).split(", ")
+    assert [os.path.basename(log) for log in logs] == ["rank-0.log", "rank-1.log", "rank-2.log"]
+    with open(logs[2]) as log:
+        assert "AssertionError: the last rank's check" in log.read()
+    with open(logs[0]) as log:
+        assert re.search(r"^4 passed", log.read(), re.M)  # rank 0 failed nothing
 
 
 @pytest.mark.timeout(180)

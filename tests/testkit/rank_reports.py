@@ -2,7 +2,8 @@
 writes its output and its failures to files of its own, and the test that started the job
 reads them back and names each failure by test, rank and assertion.
 
-The rank half (`RankReporter`) is registered in every rank by tests/conftest.py when
+Each rank runs pytest through testkit/rank_pytest.py, which sends its output to a file of
+its own. The rank half (`RankReporter`) is registered in every rank by tests/conftest.py when
 `--rank-report-dir` is given. After each test the ranks agree on who failed it, so a test
 that failed on one rank is reported once, with its rank, and the ranks stay in step for
 the next test. A rank whose failure made it skip a collective leaves its peers waiting in
@@ -22,20 +23,14 @@ import tempfile
 import time
 from typing import List, Optional, Union
 
-__all__ = ["RankReporter", "RankedRun", "run_suite_on_ranks", "summarize", "env_rank"]
+from testkit import rank_pytest
+from testkit.rank_pytest import env_rank, rank_log
+
+__all__ = ["RankReporter", "RankedRun", "run_suite_on_ranks", "summarize"]
 
 # A rank that failed a test waits this long for its peers to finish the same test; peers
 # that do not are waiting in a collective the failed rank skipped.
 PEER_WAIT_SECONDS = float(os.environ.get("HVDPLUS_TEST_PEER_WAIT", "20"))
-
-
-def env_rank() -> int:
-    """This process's rank as its launcher sets it (Open MPI, MPICH's hydra, Slurm), read
-    before MPI starts so output can go to the rank's own file from the first line."""
-    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if name in os.environ:
-            return int(os.environ[name])
-    return 0
 
 
 def _report_path(folder, rank, suffix):
@@ -53,14 +48,9 @@ class RankReporter:
         self._failed_here = False
         self._agreement_comm = None
         self._events = open(_report_path(folder, self.rank, "jsonl"), "w", buffering=1)
-        # The job's own stdout stays free for one closing line per rank.
-        self._job_stdout = os.fdopen(os.dup(1), "w", buffering=1)
-        log = os.open(_report_path(folder, self.rank, "log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
+        # rank_pytest.py keeps the job's own stdout open for the closing line.
+        job_stdout = os.environ.get("HVDPLUS_RANK_STDOUT_FD")
+        self._job_stdout = os.fdopen(int(job_stdout), "w", buffering=1) if job_stdout else None
 
     def _write(self, **event):
         self._events.write(json.dumps(event) + "\n")
@@ -114,9 +104,10 @@ class RankReporter:
         self._write(event="finished", exitstatus=int(exitstatus), **self.counts)
         self._events.close()
         summary = ", ".join(f"{count} {outcome}" for outcome, count in self.counts.items() if count)
-        self._job_stdout.write(f"rank {self.rank}: {summary or 'no tests'}, exit {int(exitstatus)}; "
-                               f"output in {_report_path(self.folder, self.rank, 'log')}\n")
-        self._job_stdout.flush()
+        if self._job_stdout is not None:
+            self._job_stdout.write(f"rank {self.rank}: {summary or 'no tests'}, exit {int(exitstatus)}; "
+                                   f"output in {rank_log(self.folder, self.rank)}\n")
+            self._job_stdout.close()
 
     def pytest_sessionfinish(self, session, exitstatus):
         self._close(exitstatus)
@@ -142,7 +133,7 @@ class RankedRun:
         return self.returncode == 0 and not self.failures and not self.unfinished and not self.launcher_says
 
     def rank_log(self, rank) -> str:
-        return _report_path(self.folder, rank, "log")
+        return rank_log(self.folder, rank)
 
     def describe(self) -> str:
         """Each failure by test, rank and assertion; then the ranks that never finished."""
@@ -191,8 +182,8 @@ def run_suite_on_ranks(launch, nranks, paths, pytest_args=(), env=None, timeout=
     unless `keep_output`."""
     folder = tempfile.mkdtemp(prefix=f"hvdplus-{nranks}-ranks-")
     job_env = {"HVDPLUS_MPI_TESTS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    args = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no", "--timeout", "120",
-            "--rank-report-dir", folder, *pytest_args, *paths]
+    args = [python, rank_pytest.__file__, folder, "-q", "-p", "no:cacheprovider", "--color=no", "--timeout", "120",
+            *pytest_args, *paths]
     try:
         result = launch(nranks, args, env=job_env, timeout=timeout, python=python)
         returncode, output = result.returncode, (result.stdout or "") + (result.stderr or "")
