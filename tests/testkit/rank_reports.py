@@ -38,8 +38,8 @@ def _report_path(folder, rank, suffix):
 
 
 class RankReporter:
-    """The pytest plugin each rank runs: its output goes to rank-N.log, and each test it
-    starts, each failure and its closing counts to rank-N.jsonl in `folder`."""
+    """The pytest plugin each rank runs: each test it starts, each failure and its closing
+    counts go to rank-N.jsonl in `folder`."""
 
     def __init__(self, folder: str):
         self.rank = env_rank()
