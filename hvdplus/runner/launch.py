@@ -6,7 +6,8 @@
 
 Everything after the launcher's own flags (or after `--`) is the command each rank runs.
 The exit status is mpirun's: non-zero when any rank failed, 128+N when the launcher was
-stopped by signal N, 2 when no job could be started.
+stopped by signal N (SIGINT, SIGTERM: the job ends, and an elastic one is not restarted),
+2 when no job could be started.
 """
 
 import argparse
@@ -28,6 +29,7 @@ from .lost_hosts import OPEN_MPI_LOST_HOST_MARKERS
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
 from .rank_output import MARKER_PATTERN
 from .rank_threads import rank_threads_environment, threads_note, usable_cores
+from .stop_signals import Stopped, stopping_on_signals
 from .supervise import run_supervised
 from .tuning import add_tuning_arguments, tuning_environment
 
@@ -224,7 +226,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -> int:
         if args.check_build:
             print(check_build.build_report())
             return 0
-        return launch(args)
+        with stopping_on_signals():
+            return launch(args)
+    except Stopped as stop:
+        print(f"{prog}: {stop}", file=sys.stderr, flush=True)
+        return stop.exit_status
     except LaunchError as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2

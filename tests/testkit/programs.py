@@ -10,9 +10,9 @@ FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 _RUN_FILE = "import runpy, sys; sys.argv.pop(0); runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
-def program(name, *args):
-    """The command line that runs tests/jobs/<name>.py with `args` on this interpreter."""
-    return [sys.executable, os.path.join(FOLDER, f"{name}.py"), *map(str, args)]
+def program(name, *args, python=sys.executable):
+    """The command line that runs tests/jobs/<name>.py with `args` on `python` (this interpreter)."""
+    return [python, os.path.join(FOLDER, f"{name}.py"), *map(str, args)]
 
 
 def unguarded_program(name, *args):
