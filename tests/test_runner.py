@@ -42,7 +42,7 @@ from hvdplus.runner.stop_signals import Stopped
 from hvdplus.runner.supervise import exit_status, run_supervised
 from hvdplus.runner.tuning import tuning_environment
 
-from testkit.programs import program, unguarded_program
+from testkit.programs import program
 from testkit.processes import assert_all_end, is_running, kill_leftovers, pids_in
 from testkit.stopping import STOP_SECONDS, assert_stops_at_once, start_stepping
 
@@ -405,7 +405,7 @@ def test_rank_exit_code_ends_job_while_others_wait_in_barrier(mpi_job):
     started = time.monotonic()
     # Without hvdplusrun's exit guard: mpirun itself ends the job with the rank's exit code.
     result = run_launcher(mpi_job, [
-        "-np", "2", *unguarded_program("mpi4py_one_rank_fails", "--rank", "1", "--exit", "3")])
+        "-np", "2", "--no-exit-guard", *program("mpi4py_one_rank_fails", "--rank", "1", "--exit", "3")])
     assert result.returncode == 3, result.stderr
     assert time.monotonic() - started < 20
 

@@ -68,6 +68,9 @@ def build_parser(prog: str = "hvdplusrun") -> argparse.ArgumentParser:
                         help="extra mpirun arguments, one shell-quoted string")
     parser.add_argument("--output-filename", metavar="DIR",
                         help="write each rank's output to its own file under DIR")
+    parser.add_argument("--no-exit-guard", dest="exit_guard", action="store_false",
+                        help="run a Python program as given, not through hvdplus.runner.exit_guard: a rank that "
+                             "exits with an error then ends the job only when MPI notices")
     parser.add_argument("--verbose", action="store_true",
                         help="print the mpirun command line before running it")
     parser.add_argument("--check-build", action="store_true",
@@ -195,7 +198,7 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
         hostfile = hostfile_given and args.hostfile and dialect.prepare_hostfile(args.hostfile, hosts, workdir)
         job = Job(
             num_proc=num_proc,
-            program=guarded_command(args.command),
+            program=guarded_command(args.command) if args.exit_guard else list(args.command),
             hosts=hosts,
             hostfile=hostfile,
             oversubscribe=needs_oversubscribe(num_proc, hosts, cores),
