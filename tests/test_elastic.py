@@ -5,12 +5,14 @@ Every job must end with exit 0, every sample committed exactly once per epoch, a
 final weights equal to a numpy replay of the steps it committed, at the sizes expected."""
 
 import os
+import signal
 import sys
 
 import pytest
 
 from elastic_jobs import replay
 from testkit.programs import program
+from testkit.stopping import assert_stops_at_once, start_stepping, start_waiting_to_restart
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(200)]
 
@@ -113,3 +115,15 @@ def test_an_error_is_not_taken_for_a_failure(mpi_job):
     assert result.returncode != 0
     assert "KeyError: 'a bug in the training script'" in result.stderr
     assert "restart" not in result.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_step_ends_a_restarting_job_without_a_restart(mpi_job, tmp_path, signum):
+    with start_stepping(mpi_job, tmp_path, ["--elastic"], ["--min-np", "1", "--no-in-place"]) as job:
+        assert_stops_at_once(job, signum, tmp_path)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_launcher_waits_to_restart_ends_the_job(mpi_job, tmp_path, signum):
+    with start_waiting_to_restart(mpi_job, tmp_path) as job:
+        assert_stops_at_once(job, signum, tmp_path)

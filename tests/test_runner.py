@@ -38,10 +38,13 @@ from hvdplus.runner.mpi_discovery import (
 )
 from hvdplus.runner.rank_output import MARKER_PATTERN, RankLineTagger, start_relay
 from hvdplus.runner.rank_threads import cpu_quota, rank_threads_environment, threads_note, usable_cores
+from hvdplus.runner.stop_signals import Stopped
 from hvdplus.runner.supervise import exit_status, run_supervised
 from hvdplus.runner.tuning import tuning_environment
 
-from testkit.programs import program, unguarded_program
+from testkit.programs import program
+from testkit.processes import assert_all_end, is_running, kill_leftovers, pids_in
+from testkit.stopping import STOP_SECONDS, assert_stops_at_once, start_stepping
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = [sys.executable, "-m", "hvdplus.runner"]
@@ -72,15 +75,6 @@ def skip_unless_a_rank_exiting_ends_the_job():
 def printed_environments(stdout):
     """The environments that tests/jobs/mpi4py_print_environment.py's ranks printed."""
     return [json.loads(line.split("ENV ", 1)[1]) for line in stdout.splitlines() if "ENV " in line]
-
-
-def is_running(pid):
-    """True while `pid` exists and is not a zombie awaiting its parent."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 # --- hosts -------------------------------------------------------------------------------
@@ -358,7 +352,6 @@ def test_command_keeps_its_own_flags():
 def test_exit_status():
     assert exit_status(0) == 0 and exit_status(3) == 3
     assert exit_status(-signal.SIGKILL) == 128 + signal.SIGKILL
-    assert exit_status(1, signal.SIGTERM) == 128 + signal.SIGTERM
 
 
 @pytest.mark.timeout(30)
@@ -366,6 +359,7 @@ def test_supervisor_kills_a_child_that_ignores_sigterm(tmp_path):
     # The child, like mpirun, puts a grandchild in a process group of its own; both
     # ignore SIGTERM, so only the SIGKILL after `kill_after` ends them.
     pid_file = tmp_path / "grandchild"
+    signalled = []
 
     def send_sigterm_once_started():
         deadline = time.monotonic() + 20
@@ -373,13 +367,14 @@ def test_supervisor_kills_a_child_that_ignores_sigterm(tmp_path):
             if time.monotonic() > deadline:
                 return
             time.sleep(0.05)
+        signalled.append(time.monotonic())
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=send_sigterm_once_started, daemon=True).start()
-    started = time.monotonic()
-    status = run_supervised(program("ignore_sigterm_with_grandchild", pid_file), kill_after=1.0)
-    assert status == 128 + signal.SIGTERM
-    assert time.monotonic() - started < 15
+    with pytest.raises(Stopped) as stopped:
+        run_supervised(program("ignore_sigterm_with_grandchild", pid_file))
+    assert stopped.value.exit_status == 128 + signal.SIGTERM
+    assert time.monotonic() - signalled[0] < STOP_SECONDS
     grandchild = int(pid_file.read_text())
     deadline = time.monotonic() + 5
     while is_running(grandchild) and time.monotonic() < deadline:
@@ -410,7 +405,7 @@ def test_rank_exit_code_ends_job_while_others_wait_in_barrier(mpi_job):
     started = time.monotonic()
     # Without hvdplusrun's exit guard: mpirun itself ends the job with the rank's exit code.
     result = run_launcher(mpi_job, [
-        "-np", "2", *unguarded_program("mpi4py_one_rank_fails", "--rank", "1", "--exit", "3")])
+        "-np", "2", "--no-exit-guard", *program("mpi4py_one_rank_fails", "--rank", "1", "--exit", "3")])
     assert result.returncode == 3, result.stderr
     assert time.monotonic() - started < 20
 
@@ -560,7 +555,7 @@ def test_sigterm_to_launcher_ends_every_rank(tmp_path):
         deadline = time.monotonic() + 40
         while len(pids) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-            pids = [int(name) for name in os.listdir(tmp_path)]
+            pids = pids_in(tmp_path)
         assert len(pids) == 2, "ranks did not start"
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
@@ -573,29 +568,25 @@ def test_sigterm_to_launcher_ends_every_rank(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_step_ends_the_job_within_seconds(mpi_job, tmp_path, signum):
+    with start_stepping(mpi_job, tmp_path, env={"PYTHONPATH": REPO}) as job:
+        assert_stops_at_once(job, signum, tmp_path)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(90)
 def test_a_test_job_past_its_timeout_leaves_no_rank_running(mpi_job, tmp_path):
     """The mpi_job fixture ends a job that hangs, ranks included, so later tests get the cores."""
     with pytest.raises(subprocess.TimeoutExpired) as expired:
         mpi_job(2, program("mpi4py_sleeping_rank", tmp_path), timeout=15)
-    pids = [int(name) for name in os.listdir(tmp_path)]
+    pids = pids_in(tmp_path)
     try:
         assert len(pids) == 2, f"ranks did not start in time: {expired.value.stderr}"
         assert expired.value.output.count("started") == 2
         assert_all_end(pids)
     finally:
         kill_leftovers(pids)
-
-
-def kill_leftovers(pids):
-    for pid in filter(is_running, pids):
-        os.kill(pid, signal.SIGKILL)
-
-
-def assert_all_end(pids, seconds=15):
-    deadline = time.monotonic() + seconds
-    while any(map(is_running, pids)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(map(is_running, pids)), f"still running: {list(filter(is_running, pids))}"
 
 
 def test_ssh_options_and_network_interfaces_reach_each_launcher():
@@ -686,17 +677,9 @@ def test_an_elastic_launch_leaves_nothing_running_on_this_machine(tmp_path):
     assert run_supervised(program("leave_a_child_running", pid_file), end_leftovers=True) == 0
     pid = int(pid_file.read_text())
     deadline = time.monotonic() + 5
-    while _is_running(pid):
+    while is_running(pid):
         assert time.monotonic() < deadline, "the process mpirun left behind still runs"
         time.sleep(0.05)
-
-
-def _is_running(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as stat_file:
-            return stat_file.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_the_hosts_mpirun_lost_replace_those_the_ranks_saw_die(tmp_path):

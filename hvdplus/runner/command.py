@@ -325,26 +325,56 @@ def local_core_count() -> int:
     return max(len({_core_of(cpu) for cpu in cpus}), 1)
 
 
-# Python's own options that take a value in the next argument.
-_PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X")
+# Python's one-letter options that take a value (the rest of their argument, else the next
+# one), and its long option that does.
+_PYTHON_OPTIONS_WITH_VALUE = "WX"
+_PYTHON_LONG_OPTIONS_WITH_VALUE = ("--check-hash-based-pycs",)
 EXIT_GUARD = "hvdplus.runner.exit_guard"
 
 
-def guarded_command(program: Sequence[str]) -> List[str]:
-    """`program` started through `exit_guard` when it runs a Python script or module
-    (`python [options] script.py ...` or `python [options] -m module ...`); else unchanged."""
+def _split_python_command(program: Sequence[str]) -> Optional[Tuple[List[str], List[str]]]:
+    """`python [options] TARGET [args]` as (the interpreter with its options, TARGET with its
+    arguments), where TARGET is a script, `-m module` or `-c code`, each apart from its value
+    (`-uc code` gives `-u` and `-c code`). None for a command line that runs none of them: not
+    Python, or the interactive interpreter, or a program read from standard input."""
     program = list(program)
     if not program or not os.path.basename(program[0]).startswith("python"):
-        return program
+        return None
     index = 1
     while index < len(program):
         arg = program[index]
-        if arg in _PYTHON_OPTIONS_WITH_VALUE:
+        if arg == "--":
+            return (program[:index], program[index + 1:]) if index + 1 < len(program) else None
+        if arg == "-":
+            return None
+        if not arg.startswith("-"):
+            return program[:index], program[index:]
+        if arg in _PYTHON_LONG_OPTIONS_WITH_VALUE:
             index += 2
-        elif arg == "-m" or not arg.startswith("-"):
-            return program[:index] + ["-m", EXIT_GUARD] + program[index:]
-        elif arg.startswith("-c") or arg == "-":
-            return program
-        else:
+            continue
+        if arg.startswith("--"):
             index += 1
-    return program
+            continue
+        for position in range(1, len(arg)):
+            letter, value = arg[position], arg[position + 1:]
+            if letter in "cm":
+                if not value and index + 1 == len(program):
+                    return None
+                options = program[:index] + ([arg[:position]] if position > 1 else [])
+                rest = program[index + 1:] if value else program[index + 2:]
+                return options, [f"-{letter}", value or program[index + 1], *rest]
+            if letter in _PYTHON_OPTIONS_WITH_VALUE:
+                index += 0 if value else 1
+                break
+        index += 1
+    return None
+
+
+def guarded_command(program: Sequence[str]) -> List[str]:
+    """`program` started through `exit_guard` when it runs Python code (`python [options]
+    script.py ...`, `-m module ...` or `-c code ...`); else unchanged."""
+    split = _split_python_command(program)
+    if split is None:
+        return list(program)
+    interpreter, target = split
+    return interpreter + ["-m", EXIT_GUARD] + target

@@ -7,7 +7,9 @@ hvdplus.common.elastic_files) across launches of mpirun, and:
   dead one and re-form the job in place (hvdplus.elastic.run);
 - starts the job again when a launch ends asking for it (ranks died and in-place recovery
   is off or left too few ranks; or slots were added), or, where MPI cannot outlive a rank,
-  ends with an error; after failures, at most `--max-restarts` times;
+  ends with an error; after failures, at most `--max-restarts` times; never after SIGINT or
+  SIGTERM to the launcher, which ends the job wherever it stands (stop_signals.Stopped
+  passes through here, leaving only the job's folder to remove);
 - runs the discovery script every `DISCOVERY_SECONDS` while a launch runs, and tells the
   ranks when it finds more slots than the job has, so they restart at their next commit;
 - counts the slots of ranks that died as gone: a failed remote host is left out for the

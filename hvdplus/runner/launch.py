@@ -6,7 +6,8 @@
 
 Everything after the launcher's own flags (or after `--`) is the command each rank runs.
 The exit status is mpirun's: non-zero when any rank failed, 128+N when the launcher was
-stopped by signal N, 2 when no job could be started.
+stopped by signal N (SIGINT, SIGTERM: the job ends, and an elastic one is not restarted),
+2 when no job could be started.
 """
 
 import argparse
@@ -28,6 +29,7 @@ from .lost_hosts import OPEN_MPI_LOST_HOST_MARKERS
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
 from .rank_output import MARKER_PATTERN
 from .rank_threads import rank_threads_environment, threads_note, usable_cores
+from .stop_signals import Stopped, stopping_on_signals
 from .supervise import run_supervised
 from .tuning import add_tuning_arguments, tuning_environment
 
@@ -66,6 +68,9 @@ def build_parser(prog: str = "hvdplusrun") -> argparse.ArgumentParser:
                         help="extra mpirun arguments, one shell-quoted string")
     parser.add_argument("--output-filename", metavar="DIR",
                         help="write each rank's output to its own file under DIR")
+    parser.add_argument("--no-exit-guard", dest="exit_guard", action="store_false",
+                        help="run a Python program as given, not through hvdplus.runner.exit_guard: a rank that "
+                             "exits with an error then ends the job only when MPI notices")
     parser.add_argument("--verbose", action="store_true",
                         help="print the mpirun command line before running it")
     parser.add_argument("--check-build", action="store_true",
@@ -193,7 +198,7 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
         hostfile = hostfile_given and args.hostfile and dialect.prepare_hostfile(args.hostfile, hosts, workdir)
         job = Job(
             num_proc=num_proc,
-            program=guarded_command(args.command),
+            program=guarded_command(args.command) if args.exit_guard else list(args.command),
             hosts=hosts,
             hostfile=hostfile,
             oversubscribe=needs_oversubscribe(num_proc, hosts, cores),
@@ -224,7 +229,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -> int:
         if args.check_build:
             print(check_build.build_report())
             return 0
-        return launch(args)
+        with stopping_on_signals():
+            return launch(args)
+    except Stopped as stop:
+        print(f"{prog}: {stop}", file=sys.stderr, flush=True)
+        return stop.exit_status
     except LaunchError as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2

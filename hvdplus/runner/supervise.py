@@ -4,7 +4,9 @@ mpirun starts in a session of its own, so a Ctrl-C in the terminal reaches only 
 launcher, which passes SIGINT and SIGTERM on to mpirun for an orderly teardown. If mpirun
 has not ended `kill_after` seconds later, every process of its session (mpirun and the
 ranks, each in a process group of its own) is killed; the session is swept again once
-mpirun has ended, so no rank outlives a job it was asked to end.
+mpirun has ended, so no rank outlives a job it was asked to end. The launcher then stops
+(`stop_signals.Stopped`), whatever mpirun's status says: a signal is never a failure to
+restart from.
 
 With `tag_lines`, mpirun's output goes through `rank_output`, which turns the pieces MPICH's
 hydra marks with their rank into whole tagged lines.
@@ -19,20 +21,21 @@ from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .lost_hosts import lost_host_names, start_watching_relay
 from .rank_output import start_relay
+from .stop_signals import STOP_SIGNALS, Stopped
 
-__all__ = ["FORWARDED_SIGNALS", "run_supervised", "exit_status", "kill_session"]
+__all__ = ["run_supervised", "exit_status", "kill_session", "KILL_AFTER_SECONDS"]
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 POLL_SECONDS = 0.2
+# How long mpirun may take to end its ranks after a signal: a job asked to stop is gone
+# within 5 s, however its ranks answer the signal.
+KILL_AFTER_SECONDS = 3.0
 # How long the relays may wait, once mpirun has ended, for the end of its output.
 RELAY_DRAIN_SECONDS = 5.0
 
 
-def exit_status(returncode: int, signum: Optional[int] = None) -> int:
-    """The launcher's exit status: 128+signum when it was interrupted or mpirun died of a
-    signal, as shells report it, else mpirun's own status."""
-    if signum is not None:
-        return 128 + signum
+def exit_status(returncode: int) -> int:
+    """The launcher's exit status for mpirun's `returncode`: 128+N when mpirun died of signal
+    N, as shells report it, else mpirun's own status."""
     return 128 - returncode if returncode < 0 else returncode
 
 
@@ -62,12 +65,13 @@ def kill_session(session_id: int) -> None:
 
 
 def run_supervised(
-    argv: Sequence[str], env: Optional[Mapping[str, str]] = None, kill_after: float = 10.0,
+    argv: Sequence[str], env: Optional[Mapping[str, str]] = None, kill_after: float = KILL_AFTER_SECONDS,
     tag_lines: bool = False, on_tick: Optional[Callable[[], None]] = None,
     lost_host_markers: Optional[Sequence[bytes]] = None, lost_hosts: Optional[List[str]] = None,
     end_leftovers: bool = False,
 ) -> int:
-    """Run `argv` to completion, forwarding SIGINT/SIGTERM; return the launcher's exit status.
+    """Run `argv` to completion, forwarding SIGINT/SIGTERM; return the launcher's exit status,
+    or raise `Stopped` once mpirun's session is gone when the launcher received a signal.
 
     Args:
         argv: the mpirun command line.
@@ -85,42 +89,49 @@ def run_supervised(
     """
     watched = lost_host_markers is not None and not tag_lines
     pipe = subprocess.PIPE if tag_lines or watched else None
-    child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe, stderr=pipe)
-    relays = []
-    if tag_lines:
-        relays = [start_relay(child.stdout, sys.stdout.buffer),
-                  start_relay(child.stderr, sys.stderr.buffer)]
-    elif watched:
-        # prterun writes some of its messages about a lost host to standard output.
-        relays = [start_watching_relay(child.stdout, sys.stdout.buffer, lost_host_markers),
-                  start_watching_relay(child.stderr, sys.stderr.buffer, lost_host_markers)]
     received: List[Tuple[int, float]] = []  # (signal, when), first one first
+    child = None
 
     def forward(signum, _frame):
         received.append((signum, time.monotonic()))
-        child.send_signal(signum)
+        if child is not None:
+            child.send_signal(signum)
 
-    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    # In place before mpirun starts, so that no signal finds the launcher between the two.
+    previous = {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
+    relays = []
     try:
+        child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe, stderr=pipe)
+        if received:
+            child.send_signal(received[0][0])
+        if tag_lines:
+            relays = [start_relay(child.stdout, sys.stdout.buffer),
+                      start_relay(child.stderr, sys.stderr.buffer)]
+        elif watched:
+            # prterun writes some of its messages about a lost host to standard output.
+            relays = [start_watching_relay(child.stdout, sys.stdout.buffer, lost_host_markers),
+                      start_watching_relay(child.stderr, sys.stderr.buffer, lost_host_markers)]
         while True:
             try:
                 returncode = child.wait(timeout=POLL_SECONDS)
                 break
             except subprocess.TimeoutExpired:
-                if on_tick is not None:
+                if on_tick is not None and not received:
                     on_tick()
                 if received and time.monotonic() - received[0][1] >= kill_after:
                     kill_session(child.pid)
         if received or end_leftovers:
             kill_session(child.pid)
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         for relay in relays:
             # Ranks that outlive mpirun may hold its pipes open: wait for the end of its
             # output a while, then for the rest of it to be written, however long that takes.
             if relay.at_end.wait(RELAY_DRAIN_SECONDS):
                 relay.join()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        raise Stopped(received[0][0])
     lost = [relay for relay in relays if getattr(relay, "seen", None) and relay.seen.is_set()]
     if lost_hosts is not None:
         # Both streams may name the same host.
@@ -130,4 +141,4 @@ def run_supervised(
         print("hvdplusrun: mpirun lost a host and ended the job, yet exited with 0; exiting with 1",
               file=sys.stderr, flush=True)
         returncode = 1
-    return exit_status(returncode, received[0][0] if received else None)
+    return exit_status(returncode)

@@ -1,12 +1,14 @@
 """One rank leaves right after hvd.init(), with an exit code or an exception, while the others
 go on: into an all-reduce it never joins ('waits_for_rank_<R>'), or, with --others-sleep, to
-sleep; each of the others that gets through prints 'rank <r> finished its work'.
+sleep; each of the others that gets through prints 'rank <r> finished its work'. The rank that
+leaves prints 'rank <R> leaves at <time.time()>' first.
 
     one_rank_leaves_early.py --rank R (--exit CODE | --raise MESSAGE) [--others-sleep SECONDS]
 
 tests/test_engine_jobs.py and tests/test_runtime.py check that a rank that exits or raises
 fails the others' all-reduce instead of hanging them; tests/test_exit_guard.py that an exit
-with an error ends the sleeping others at once, and that a clean exit lets them finish.
+with an error ends the sleeping others within seconds of it, in each form of start, and that a
+clean exit lets them finish.
 """
 
 import argparse
@@ -28,6 +30,7 @@ arguments = parser.parse_args()
 
 hvd.init()
 if hvd.rank() == arguments.rank:
+    print(f"rank {hvd.rank()} leaves at {time.time():.3f}", flush=True)
     if arguments.message is not None:
         raise RuntimeError(arguments.message)
     sys.exit(arguments.exit)
