@@ -25,8 +25,13 @@ def launch(nranks, args, env=None, timeout=240, launcher_args=(), python=sys.exe
     A job that outlives `timeout` is ended and reported as a failure, never waited on
     (see run_ending_on_timeout).
     """
-    command = [python, "-m", "hvdplus.runner", "-np", str(nranks), *launcher_args, *args]
-    return run_ending_on_timeout(command, dict(os.environ, **(env or {})), timeout)
+    return run_ending_on_timeout(launcher_command(nranks, args, launcher_args, python),
+                                 dict(os.environ, **(env or {})), timeout)
+
+
+def launcher_command(nranks, args, launcher_args=(), python=sys.executable):
+    """hvdplusrun's command line for `args` on `nranks` ranks, run by `python`."""
+    return [python, "-m", "hvdplus.runner", "-np", str(nranks), *launcher_args, *args]
 
 
 def run_ending_on_timeout(command, env, timeout):
@@ -56,8 +61,7 @@ def run_ending_on_timeout(command, env, timeout):
 
 def start(nranks, args, env=None, launcher_args=(), python=sys.executable):
     """Start `args` on `nranks` ranks through hvdplusrun and return at once, with the RunningJob."""
-    command = [python, "-m", "hvdplus.runner", "-np", str(nranks), *launcher_args, *args]
-    return RunningJob(command, dict(os.environ, **(env or {})))
+    return RunningJob(launcher_command(nranks, args, launcher_args, python), dict(os.environ, **(env or {})))
 
 
 class RunningJob:
