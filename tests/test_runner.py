@@ -682,12 +682,13 @@ def test_an_elastic_launch_leaves_nothing_running_on_this_machine(tmp_path):
         time.sleep(0.05)
 
 
-def test_the_hosts_mpirun_lost_replace_those_the_ranks_saw_die(tmp_path):
-    from hvdplus.common import elastic_files
-    from hvdplus.runner.elastic import report_lost_hosts
-    folder = str(tmp_path)
+def test_the_hosts_mpirun_lost_replace_those_the_ranks_saw_die():
+    from hvdplus.runner.elastic import LaunchReport
+    report = LaunchReport()
     # Rank 0 saw ranks 1 and 2 die: rank 2's host was lost, rank 1 was ended by mpirun.
-    elastic_files.write_restart(folder, elastic_files.RestartRequest("failure", [1, 2], ["node2", "node3"]))
-    report_lost_hosts(folder, ["node3"])
-    request = elastic_files.take_restart(folder)
+    report.take({"lost_hosts": ["node2"]})
+    report.take({"restart": "failure", "failed_ranks": [1, 2], "failed_hosts": ["node2", "node3"]})
+    report.mpi_lost_hosts(["node3"])
+    request = report.restart
     assert (request.reason, request.failed_ranks, request.failed_hosts) == ("failure", [], ["node3"])
+    assert report.lost_in_place == []

@@ -6,14 +6,17 @@ themselves (`runtime.reform`), or, where in-place recovery is off, tell the laun
 ranks died and end, so that `hvdplusrun` starts the job again on the slots that remain.
 When the launcher adds slots, `state.commit()` raises HostsUpdatedInterrupt on every rank
 and the ranks end the same way, to be started again on more slots; the restarted job
-loads the last commit from disk.
+resumes from the newest commit its hosts hold on disk (hvdplus.elastic.commits).
+
+What the launcher must know (ranks that died, a restart wanted) rank 0 tells it in a line
+of its output (hvdplus.common.launcher_messages), which reaches it from any host.
 """
 
 import functools
 import sys
 import time
 
-from ..common import elastic_files
+from ..common import launcher_messages
 from ..common.errors import HostsUpdatedInterrupt, RanksFailedError
 from ..engine import runtime
 
@@ -32,7 +35,7 @@ def run(func):
                 state.sync()
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt:
-                _end_for_restart(state, elastic_files.RestartRequest("hosts"))
+                _end_for_restart(state, {"restart": "hosts"})
             except Exception as error:
                 # A framework that runs the step as compiled code (a tf.function, a JAX
                 # callback) hands a RanksFailedError on wrapped in an error of its own: what
@@ -64,23 +67,22 @@ def _recover(state) -> None:
                 f"{runtime.size()} re-formed the job in {time.monotonic() - started:.2f} s\n")
             sys.stderr.flush()
             if settings.elastic_dir is not None:
-                elastic_files.add_lost_hosts(settings.elastic_dir, [host for _, host in lost])
+                launcher_messages.send({"lost_hosts": [host for _, host in lost]})
         return
-    _end_for_restart(state, elastic_files.RestartRequest(
-        "failure", failed_ranks=[rank for rank, _ in lost], failed_hosts=[host for _, host in lost]))
+    _end_for_restart(state, {"restart": "failure", "failed_ranks": [rank for rank, _ in lost],
+                             "failed_hosts": [host for _, host in lost]})
 
 
-def _end_for_restart(state, request: elastic_files.RestartRequest) -> None:
-    """End every rank, leaving the launcher `request` and the last commit of `state` on
-    disk, so that it starts the job again from there."""
-    folder = runtime.current("elastic.run").settings.elastic_dir
-    if folder is None:
+def _end_for_restart(state, request: dict) -> None:
+    """End every rank, leaving the last commit of `state` on each host's disk and telling
+    the launcher `request`, so that it starts the job again from there."""
+    if runtime.current("elastic.run").settings.elastic_dir is None:
         raise RuntimeError(
-            f"hvdplus: the job must restart ({request.reason}), but it was not started by "
+            f"hvdplus: the job must restart ({request['restart']}), but it was not started by "
             "hvdplusrun's elastic mode (--min-np/--max-np/--host-discovery-script), which restarts it"
         )
     state.write_checkpoint()
     if runtime.rank() == 0:
-        elastic_files.write_restart(folder, request)
+        launcher_messages.send(request)
     runtime.shutdown()
     raise SystemExit(0)

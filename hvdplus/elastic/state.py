@@ -2,9 +2,10 @@
 
 A state holds named values (a model, an optimizer, an epoch counter) as its attributes.
 For each one a handler knows how to keep a copy (`save`), bring the value back to that
-copy (`restore`), and make every rank's value rank 0's (`sync`). `commit()` saves every
-value, and under `hvdplusrun`'s elastic mode also writes the copies to disk (rank 0),
-for a job that must restart; it is also where the ranks learn that slots were added.
+copy (`restore`), and make every rank's value that of one rank (`sync`). `commit()` saves
+every value and numbers the commit; under `hvdplusrun`'s elastic mode one rank of each host
+also writes it to that host's disk in the background (hvdplus.elastic.commits), for a job
+that must restart. `commit()` is also where the ranks learn that slots were added.
 """
 
 import copy
@@ -15,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..common import elastic_files
 from ..common.errors import HostsUpdatedInterrupt
 from ..engine import collectives, runtime
+from . import commits
 
 __all__ = ["State", "ObjectState", "ObjectHandler"]
 
@@ -27,7 +29,8 @@ class ObjectHandler:
     """Keeps a deep copy of a picklable value; sync broadcasts it from rank 0.
 
     A handler of another kind of value subclasses it, overriding `save`, `restore` and
-    `sync` and keeping its copy in `saved`."""
+    `sync` and keeping its copy in `saved`. `sync` brings the value from `root_rank`: the
+    rank that holds the newest commit, rank 0 unless a restart found it elsewhere."""
 
     def __init__(self, value: Any):
         self.saved = copy.deepcopy(value)
@@ -38,8 +41,9 @@ class ObjectHandler:
     def restore(self, value: Any) -> Any:
         return copy.deepcopy(self.saved)
 
-    def sync(self, value: Any, name: str) -> Any:
-        return collectives.broadcast_object(value, root_rank=0, name=name)
+    def sync(self, value: Any, name: str, root_rank: int = 0) -> Any:
+        """`value` as `root_rank` holds it, on every rank."""
+        return collectives.broadcast_object(value, root_rank=root_rank, name=name)
 
     def snapshot(self) -> Any:
         """The saved copy, as written to disk."""
@@ -66,13 +70,18 @@ class State:
         self._number = next(_state_numbers)
         self._synced_once = False
         self._generation = _launch_generation()
-        # Where rank 0 writes commits: the elastic launcher's folder, so that a job it
-        # restarts finds the last one; None keeps commits in memory only.
-        self.checkpoint_dir: Optional[str] = _elastic_dir()
-        # Where the ranks outlive a dead one, the survivors hold the last commit in memory
-        # and write it only when the job must restart (write_checkpoint); elsewhere every
-        # commit goes to disk, since a failure ends every rank.
-        self._every_commit_to_disk = not runtime.current("elastic state").settings.ulfm
+        # The number of the commit the saved copies hold: commits count up across the whole
+        # job, restarts included, so that the newest one anywhere can be told (0: none yet).
+        self.commit_number = 0
+        # This host's copy of the commits on disk, under hvdplusrun's elastic mode; None keeps
+        # commits in memory only.
+        folder = _elastic_dir()
+        self.disk_commits: Optional[commits.HostCommits] = (
+            commits.HostCommits(commits.host_folder(folder), self._number) if folder else None)
+        # Where the ranks outlive a dead one, the memory of the survivors holds the last commit
+        # and only a lost host needs the disk: the write goes on beside training. Elsewhere any
+        # failure ends every rank, and each commit is written before training goes on.
+        self._wait_for_writes = not runtime.current("elastic state").settings.ulfm
 
     def _track(self, name: str, value: Any) -> None:
         setattr(self, name, value)
@@ -93,28 +102,39 @@ class State:
         """What a subclass must redo for the new job size (nothing by default)."""
 
     def commit(self) -> None:
-        """Save every value (and, where a failure would end every rank, write them to
-        `checkpoint_dir`); raise HostsUpdatedInterrupt on every rank when the launcher has
-        added slots."""
+        """Save every value, and write them to this host's disk (one rank per host; in the
+        background where MPI lets the ranks outlive a dead one); raise HostsUpdatedInterrupt
+        on every rank when the launcher has added slots."""
+        if self.disk_commits is not None:
+            self.disk_commits.wait()  # the copies a write reads are about to be overwritten
         self.save()
-        if self._every_commit_to_disk:
-            self.write_checkpoint()
+        self.commit_number += 1
+        if self._writes_to_disk():
+            self.disk_commits.write_in_background(self.commit_number, self._snapshot())
+            if self._wait_for_writes:
+                self.disk_commits.wait()
         self.check_host_updates()
 
     def write_checkpoint(self) -> None:
-        """Write the last commit to `checkpoint_dir` (on rank 0; every rank may call it)."""
-        if self.checkpoint_dir is not None and runtime.rank() == 0:
-            elastic_files.write_state(self.checkpoint_dir, self._number, self._snapshot())
+        """Make sure this host's disk holds the last commit, before the ranks end for a
+        restart (every rank may call it; one rank per host writes)."""
+        if self.disk_commits is None:
+            return
+        self.disk_commits.wait()
+        if self._writes_to_disk() and self.disk_commits.newest() < self.commit_number:
+            self.disk_commits.write(self.commit_number, self._snapshot())
 
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt (on every rank alike) if the launcher announced
-        more slots since this launch began."""
+        more slots since this launch began. The ranks on the launcher's host read its
+        announcement; the others learn it from them."""
         folder = _elastic_dir()
         if folder is None:
             return
-        newer = runtime.rank() == 0 and elastic_files.read_hosts_generation(folder) > self._generation
-        if collectives.broadcast_object(newer, root_rank=0, name=f"elastic.hosts.{self._number}"):
-            self._generation = elastic_files.read_hosts_generation(folder) if runtime.rank() == 0 else self._generation
+        newest = max(collectives.allgather_object(elastic_files.read_hosts_generation(folder),
+                                                  name=f"elastic.hosts.{self._number}"))
+        if newest > self._generation:
+            self._generation = newest
             raise HostsUpdatedInterrupt(skip_sync=False, message="slots were added to the job")
 
     def save(self) -> None:
@@ -127,37 +147,45 @@ class State:
             setattr(self, name, handler.restore(getattr(self, name)))
 
     def sync(self) -> None:
-        """Make every rank's values rank 0's, and save them. The first sync of a job that
-        restarted first loads, on rank 0, the last commit written to disk, and then runs
-        the reset callbacks, as after any re-form."""
-        restarted = False
-        if not self._synced_once:
-            self._synced_once = True
-            restarted = collectives.broadcast_object(self._load_from_disk(), root_rank=0,
-                                                     name=f"elastic.restarted.{self._number}")
+        """Make every rank's values those of the newest commit any rank holds, in memory or
+        on its host's disk (rank 0's values when none has committed), and save them.
+
+        After a restart, the commit comes from the disk of a host that holds the newest; the
+        reset callbacks then run, as after any re-form, since the job that made the commit
+        may have had another size."""
+        first_sync, self._synced_once = not self._synced_once, True
+        if self.disk_commits is not None:
+            self.disk_commits.wait()  # save() below overwrites the copies a write may still read
+        on_disk = self.disk_commits.newest() if self.disk_commits is not None else 0
+        numbers = collectives.allgather_object(max(self.commit_number, on_disk),
+                                               name=f"elastic.commits.{self._number}")
+        newest = max(numbers)
+        root = numbers.index(newest)
+        if runtime.rank() == root and on_disk > self.commit_number:
+            self._load_from_disk()
         for name, handler in self._handlers.items():
-            setattr(self, name, handler.sync(getattr(self, name), f"elastic.sync.{self._number}.{name}"))
+            setattr(self, name, handler.sync(getattr(self, name), f"elastic.sync.{self._number}.{name}", root))
         self.save()
-        if restarted:
-            # The commit was made by a job of another size: what the reset callbacks
-            # adapt to the size (a learning rate, say) must be adapted again.
+        self.commit_number = newest
+        if self._writes_to_disk() and on_disk < newest:
+            self.disk_commits.write_in_background(newest, self._snapshot())  # this host holds it too from now on
+        if first_sync and newest > 0:
             self.on_reset()
 
     # -- disk -----------------------------------------------------------------------
+    def _writes_to_disk(self) -> bool:
+        return self.disk_commits is not None and runtime.local_rank() == 0
+
     def _snapshot(self) -> Dict[str, Any]:
         return {name: handler.snapshot() for name, handler in self._handlers.items()}
 
-    def _load_from_disk(self) -> bool:
-        """On rank 0, take the last commit written to disk, if there is one; whether it did."""
-        if self.checkpoint_dir is None or runtime.rank() != 0:
-            return False
-        snapshot = elastic_files.read_state(self.checkpoint_dir, self._number)
-        if snapshot is None:
-            return False
+    def _load_from_disk(self) -> None:
+        """Take this host's commit on disk as the saved copies and the values."""
+        number, snapshot = self.disk_commits.read()
         for name, handler in self._handlers.items():
             if name in snapshot:
                 setattr(self, name, handler.load(getattr(self, name), snapshot[name]))
-        return True
+        self.commit_number = number
 
 
 class ObjectState(State):

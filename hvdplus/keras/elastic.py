@@ -12,8 +12,8 @@ callbacks that keep it current while `model.fit` runs.
                   epochs=epochs, callbacks=callbacks)
 
 The model's weights and the optimizer's variables roll back as numpy copies and sync by
-broadcasting rank 0's values. Keras 3 runs an epoch for as many steps as its data gives, so
-after a re-form the training function passes what is left of the epoch: `state.batch`
+broadcasting the values of the rank with the newest commit. Keras 3 runs an epoch for as
+many steps as its data gives, so after a re-form the training function passes what is left of the epoch: `state.batch`
 batches of it are done.
 """
 
@@ -29,7 +29,7 @@ __all__ = ["KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "Upd
 
 class _VariablesHandler(ObjectHandler):
     """Keeps numpy copies of a value's Keras variables (`variables_of(value)`), restores
-    them by assignment, and syncs them by broadcasting rank 0's."""
+    them by assignment, and syncs them by broadcasting one rank's."""
 
     def __init__(self, value, variables_of):
         self._variables_of = variables_of
@@ -43,8 +43,8 @@ class _VariablesHandler(ObjectHandler):
             variable.assign(saved)
         return value
 
-    def sync(self, value, name):
-        broadcast_variables(self._variables_of(value), root_rank=0, prefix=name)
+    def sync(self, value, name, root_rank=0):
+        broadcast_variables(self._variables_of(value), root_rank=root_rank, prefix=name)
         return value
 
 

@@ -1,15 +1,16 @@
 """`hvdplusrun`'s elastic mode (`--min-np`, `--max-np`, `--host-discovery-script`).
 
 The launcher keeps a folder for the job (HVDPLUS_ELASTIC_DIR, see
-hvdplus.common.elastic_files) across launches of mpirun, and:
+hvdplus.common.elastic_files) across launches of mpirun, reads what the ranks tell it in
+their output (hvdplus.common.launcher_messages; rank 0 may run on any host), and:
 
 - starts each launch with Open MPI's failure mitigation on, so that the ranks outlive a
   dead one and re-form the job in place (hvdplus.elastic.run);
 - starts the job again when a launch ends asking for it (ranks died and in-place recovery
-  is off or left too few ranks; or slots were added), or, where MPI cannot outlive a rank,
-  ends with an error; after failures, at most `--max-restarts` times; never after SIGINT or
-  SIGTERM to the launcher, which ends the job wherever it stands (stop_signals.Stopped
-  passes through here, leaving only the job's folder to remove);
+  is off or left too few ranks; or slots were added), or when mpirun lost a host, or, where
+  MPI cannot outlive a rank, after any failure; after failures, at most `--max-restarts`
+  times; never after SIGINT or SIGTERM to the launcher, which ends the job wherever it
+  stands (stop_signals.Stopped passes through here, leaving only the job's folder to remove);
 - runs the discovery script every `DISCOVERY_SECONDS` while a launch runs, and tells the
   ranks when it finds more slots than the job has, so they restart at their next commit;
 - counts the slots of ranks that died as gone: a failed remote host is left out for the
@@ -29,13 +30,50 @@ from ..common import elastic_files
 from .errors import LaunchError
 from .hosts import Host, parse_hostfile, total_slots
 
-__all__ = ["ElasticOptions", "HostDiscovery", "SlotLedger", "run_elastic", "DISCOVERY_SECONDS"]
+__all__ = ["ElasticOptions", "HostDiscovery", "SlotLedger", "RestartRequest", "LaunchReport", "run_elastic",
+           "DISCOVERY_SECONDS"]
 
 DISCOVERY_SECONDS = 1.0
 _DISCOVERY_TIMEOUT_S = 30.0
 
-# Starts one launch: (hosts, ranks, extra environment, tick) -> mpirun's exit status.
-Starter = Callable[[List[Host], int, Dict[str, str], Callable[[], None]], int]
+
+
+@dataclasses.dataclass
+class RestartRequest:
+    """Why the ranks of one launch ended: "failure" (ranks died) or "hosts" (slots were added)."""
+
+    reason: str
+    failed_ranks: List[int] = dataclasses.field(default_factory=list)
+    failed_hosts: List[str] = dataclasses.field(default_factory=list)
+
+
+class LaunchReport:
+    """What the ranks of one launch, and mpirun, said about it while it ran."""
+
+    def __init__(self):
+        self.restart: Optional[RestartRequest] = None
+        self.lost_in_place: List[str] = []  # the hosts of ranks the job re-formed without
+
+    def take(self, message: dict) -> None:
+        """One of the ranks' messages (hvdplus.elastic.run sends them)."""
+        if "restart" in message:
+            self.restart = RestartRequest(str(message["restart"]), list(message.get("failed_ranks", [])),
+                                          list(message.get("failed_hosts", [])))
+        elif "lost_hosts" in message:
+            self.lost_in_place.extend(message["lost_hosts"])
+
+    def mpi_lost_hosts(self, hosts: Sequence[str]) -> None:
+        """mpirun lost `hosts`, and ended the job with them (a host or its container gone: Open
+        MPI ends every rank then, in place or not). Its word on which hosts are gone is the one
+        that counts: ending the job, it also ends the ranks on the hosts that are fine, and a
+        survivor that saw them die first may have asked for a restart, or re-formed the job,
+        without them too."""
+        self.restart = RestartRequest("failure", failed_hosts=list(hosts))
+        self.lost_in_place = []
+
+
+# Starts one launch: (hosts, ranks, extra environment, tick, report) -> mpirun's exit status.
+Starter = Callable[[List[Host], int, Dict[str, str], Callable[[], None], LaunchReport], int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,14 +172,14 @@ class _Launches:
         self.generation = 0
         self.running = 0
         self.announced = 0
-        self.lost_at_launch = 0
+        self.lost: List[str] = []  # the hosts of every rank the job lost, one entry per rank
+        self.report = LaunchReport()
         self._last_look = 0.0
 
-    def available(self, lost: Optional[List[str]] = None) -> List[Host]:
-        """The discovered hosts less the slots of the ranks the job lost (`lost`: the hosts
-        of those ranks, read from the job's folder when None)."""
+    def available(self) -> List[Host]:
+        """The discovered hosts less the slots of the ranks the job lost."""
         ledger = SlotLedger()
-        ledger.record(elastic_files.read_lost_hosts(self.folder) if lost is None else lost)
+        ledger.record(self.lost + self.report.lost_in_place)
         return ledger.usable(self.discovery.hosts())
 
     def wait_for_slots(self) -> List[Host]:
@@ -170,30 +208,25 @@ class _Launches:
         if now - self._last_look < DISCOVERY_SECONDS:
             return
         self._last_look = now
-        lost = elastic_files.read_lost_hosts(self.folder)
         try:
-            found = total_slots(self.available(lost))
+            found = total_slots(self.available())
         except LaunchError as error:
             _say(str(error))
             return
         limit = self.options.max_np or found
         # Ranks this launch lost in place no longer count as running.
-        running = self.running - (len(lost) - self.lost_at_launch)
+        running = self.running - len(self.report.lost_in_place)
         if running < min(found, limit) and found > self.announced:
             self.generation += 1
             self.announced = found
             elastic_files.write_hosts(self.folder, self.generation, found)
             _say(f"{found} slots available (the job has {running}); the ranks restart at their next commit")
 
-
-def report_lost_hosts(folder: str, hosts: List[str]) -> None:
-    """Ask for a restart without `hosts`, which MPI lost along with the job (a host or its
-    container gone: Open MPI ends every rank then, in place or not). mpirun's word on which
-    hosts are gone is the one that counts: ending the job, it also ends the ranks on the
-    hosts that are fine, and a survivor that saw them die first may have asked for a restart
-    without their hosts too."""
-    elastic_files.take_restart(folder)
-    elastic_files.write_restart(folder, elastic_files.RestartRequest("failure", failed_hosts=list(hosts)))
+    def next_report(self) -> LaunchReport:
+        """Close the last launch's report (its losses count from now on) and open one for the next."""
+        self.lost.extend(self.report.lost_in_place)
+        self.report = LaunchReport()
+        return self.report
 
 
 def run_elastic(options: ElasticOptions, discovery: HostDiscovery, start: Starter) -> int:
@@ -212,15 +245,15 @@ def run_elastic(options: ElasticOptions, discovery: HostDiscovery, start: Starte
                 count = min(count, options.num_proc)
             first = False
             launches.running = launches.announced = count
-            launches.lost_at_launch = len(elastic_files.read_lost_hosts(folder))
             env = {
                 "HVDPLUS_ELASTIC_DIR": folder,
                 elastic_files.GENERATION_ENV: str(launches.generation),
                 "HVDPLUS_ELASTIC_MIN_NP": str(options.min_np or 1),
                 "HVDPLUS_ELASTIC_IN_PLACE": "1" if options.in_place else "0",
             }
-            status = start(_first_slots(hosts, count), count, env, launches.tick)
-            request = elastic_files.take_restart(folder)
+            report = launches.next_report()
+            status = start(_first_slots(hosts, count), count, env, launches.tick, report)
+            request = report.restart
             if request is None:
                 if status == 0 or options.outlives_failures or restarts >= options.max_restarts:
                     return status
@@ -228,7 +261,7 @@ def run_elastic(options: ElasticOptions, discovery: HostDiscovery, start: Starte
                 _say(f"the job failed (exit {status}); restart {restarts} of at most {options.max_restarts}")
                 continue
             if request.reason == "failure":
-                elastic_files.add_lost_hosts(folder, request.failed_hosts)
+                launches.lost.extend(request.failed_hosts)
                 restarts += 1
                 blacklisted = sorted(host for host in request.failed_hosts if not _is_this_machine(host))
                 _say((f"ranks {request.failed_ranks} died" if request.failed_ranks else "the job lost a host")

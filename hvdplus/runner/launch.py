@@ -22,7 +22,7 @@ from . import check_build, horovod_flags
 from .command import (
     Job, OpenMpi, dialect_for, forwarded_env_names, guarded_command, local_core_count, needs_oversubscribe,
 )
-from .elastic import ElasticOptions, HostDiscovery, report_lost_hosts, run_elastic
+from .elastic import ElasticOptions, HostDiscovery, run_elastic
 from .errors import LaunchError
 from .hosts import Host, on_this_machine, parse_host_list, read_hostfile, total_slots
 from .lost_hosts import OPEN_MPI_LOST_HOST_MARKERS
@@ -164,19 +164,20 @@ def _launch_elastic(args: argparse.Namespace, hosts: List[Host]) -> int:
         outlives_failures=bool(_mpi()[1].fault_tolerance()),
     )
 
-    def start(job_hosts, num_proc, env, tick):
+    def start(job_hosts, num_proc, env, tick, report):
         lost = []
         status = _run_job(args, job_hosts, num_proc, extra_env=env, fault_tolerant=True, on_tick=tick,
-                          hostfile_given=False, lost_hosts=lost)
+                          hostfile_given=False, lost_hosts=lost, on_message=report.take)
         if lost:  # MPI ended the job with its ranks: restart it without the hosts it lost
-            report_lost_hosts(env["HVDPLUS_ELASTIC_DIR"], lost)
+            report.mpi_lost_hosts(lost)
         return status
 
     return run_elastic(options, HostDiscovery(args.host_discovery_script, hosts), start)
 
 
 def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_env=None,
-             fault_tolerant: bool = False, on_tick=None, hostfile_given: bool = True, lost_hosts=None) -> int:
+             fault_tolerant: bool = False, on_tick=None, hostfile_given: bool = True, lost_hosts=None,
+             on_message=None) -> int:
     """Run one mpirun of `num_proc` ranks on `hosts` to its end; return its exit status."""
     mpirun, dialect = _mpi()
     env = dict(os.environ, **tuning_environment(args), **horovod_flags.environment(args), **(extra_env or {}))
@@ -218,7 +219,8 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
         watch = OPEN_MPI_LOST_HOST_MARKERS if isinstance(dialect, OpenMpi) and not on_this_machine(hosts) else None
         # An elastic launch must be over, every rank of it, before the next one starts.
         return run_supervised(argv, env, tag_lines=MARKER_PATTERN in argv, on_tick=on_tick,
-                              lost_host_markers=watch, lost_hosts=lost_hosts, end_leftovers=fault_tolerant)
+                              lost_host_markers=watch, lost_hosts=lost_hosts, end_leftovers=fault_tolerant,
+                              on_message=on_message)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -> int:

@@ -10,7 +10,9 @@ these messages to each) and reports such a job as failed.
 import os
 import re
 import threading
-from typing import BinaryIO, List, Sequence
+from typing import BinaryIO, Callable, List, Optional, Sequence
+
+from ..common.launcher_messages import MessageFilter
 
 __all__ = ["OPEN_MPI_LOST_HOST", "OPEN_MPI_LOST_HOST_MARKERS", "start_watching_relay", "lost_host_names"]
 
@@ -30,6 +32,17 @@ _READ_BYTES = 65536
 _KEPT_BYTES = 1 << 18  # of the text after the first marker, enough for the messages and hosts
 
 
+def _write(target: BinaryIO, data: bytes) -> bool:
+    """Write `data` to `target`; whether `target` still takes output."""
+    try:
+        if data:
+            target.write(data)
+            target.flush()
+        return True
+    except Exception:  # noqa: BLE001 - never stop draining (see start_watching_relay)
+        return False
+
+
 def lost_host_names(text: bytes) -> List[str]:
     """The hosts Open MPI's messages about lost daemons in `text` name, in order, once each."""
     found = []  # (where the name is, name)
@@ -43,15 +56,18 @@ def lost_host_names(text: bytes) -> List[str]:
     return list(dict.fromkeys(name for _, name in sorted(found)))
 
 
-def start_watching_relay(source: BinaryIO, target: BinaryIO, markers: Sequence[bytes]) -> threading.Thread:
+def start_watching_relay(source: BinaryIO, target: BinaryIO, markers: Sequence[bytes],
+                         on_message: Optional[Callable[[dict], None]] = None) -> threading.Thread:
     """Copy `source` to `target` until it ends, in a thread whose `seen` event is set once
     one of `markers` has gone by and whose `at_end` event is set when `source` has ended; its
     `after_marker` holds the text from that marker on (the start of it), where Open MPI names
-    the host. `source` is read to its end whatever happens to `target` (a full pipe would
-    stop mpirun)."""
+    the host. With `on_message`, the ranks' messages to the launcher (launcher_messages) are
+    handed to it instead of copied. `source` is read to its end whatever happens to `target`
+    (a full pipe would stop mpirun)."""
     seen, at_end = threading.Event(), threading.Event()
     after_marker = bytearray()
-    longest = max(len(marker) for marker in markers)
+    longest = max((len(marker) for marker in markers), default=0)
+    messages = MessageFilter(on_message) if on_message is not None else None
 
     def relay() -> None:
         fd = source.fileno()
@@ -62,22 +78,21 @@ def start_watching_relay(source: BinaryIO, target: BinaryIO, markers: Sequence[b
                 data = os.read(fd, _READ_BYTES)
                 if not data:
                     break
-                if not seen.is_set():
+                if markers and not seen.is_set():
                     joined = tail + data
                     starts = [joined.find(marker) for marker in markers]
                     starts = [start for start in starts if start >= 0]
                     if starts:
                         seen.set()
                         after_marker.extend(joined[min(starts):])
-                elif len(after_marker) < _KEPT_BYTES:
+                elif seen.is_set() and len(after_marker) < _KEPT_BYTES:
                     after_marker.extend(data)
-                tail = (tail + data)[-longest:]
-                if target_open:
-                    try:
-                        target.write(data)
-                        target.flush()
-                    except Exception:  # noqa: BLE001 - never stop draining (see above)
-                        target_open = False
+                tail = (tail + data)[-longest:] if longest else b""
+                if messages is not None:
+                    data = messages.feed(data)
+                target_open = target_open and _write(target, data)
+            if messages is not None:
+                target_open = target_open and _write(target, messages.close())
         finally:
             at_end.set()
 

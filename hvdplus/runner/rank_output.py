@@ -21,6 +21,8 @@ import re
 import threading
 from typing import BinaryIO, Callable, Dict, List, Optional
 
+from ..common.launcher_messages import MessageFilter
+
 __all__ = ["MARKER_PATTERN", "RankLineTagger", "start_relay"]
 
 # Hydra replaces %r with the rank.
@@ -132,17 +134,22 @@ class RankLineTagger:
         return True
 
 
-def start_relay(source: BinaryIO, target: BinaryIO) -> threading.Thread:
-    """Copy the marked stream `source` to `target` as tagged lines until it ends, in a thread.
+def start_relay(source: BinaryIO, target: BinaryIO,
+                on_message: Optional[Callable[[dict], None]] = None) -> threading.Thread:
+    """Copy the marked stream `source` to `target` as tagged lines until it ends, in a thread;
+    with `on_message`, the ranks' messages to the launcher (launcher_messages) are handed to
+    it instead.
 
     Whatever goes wrong on the way out (the reader of `target` gone, as in `hvdplusrun ... |
     head`), `source` is read to its end all the same: a full pipe would stop mpiexec, and with
     it the job. The thread's `at_end` event is set once `source` has ended."""
     at_end = threading.Event()
+    messages = MessageFilter(on_message) if on_message is not None else None
 
     def relay() -> None:
         finished: List[bytes] = []
-        tagger = RankLineTagger(finished.append)
+        tagger = RankLineTagger(
+            finished.append if messages is None else lambda lines: finished.append(messages.feed(lines)))
         fd = source.fileno()
         target_open = True
         try:
@@ -154,6 +161,8 @@ def start_relay(source: BinaryIO, target: BinaryIO) -> threading.Thread:
                             tagger.feed(data)
                         else:
                             tagger.close()
+                            if messages is not None:
+                                finished.append(messages.close())
                         if finished:
                             target.write(b"".join(finished))
                             target.flush()

@@ -68,7 +68,7 @@ def run_supervised(
     argv: Sequence[str], env: Optional[Mapping[str, str]] = None, kill_after: float = KILL_AFTER_SECONDS,
     tag_lines: bool = False, on_tick: Optional[Callable[[], None]] = None,
     lost_host_markers: Optional[Sequence[bytes]] = None, lost_hosts: Optional[List[str]] = None,
-    end_leftovers: bool = False,
+    end_leftovers: bool = False, on_message: Optional[Callable[[dict], None]] = None,
 ) -> int:
     """Run `argv` to completion, forwarding SIGINT/SIGTERM; return the launcher's exit status,
     or raise `Stopped` once mpirun's session is gone when the launcher received a signal.
@@ -86,9 +86,11 @@ def run_supervised(
         end_leftovers: once mpirun has ended, kill what it started on this machine and left
             running (ranks outlive a prterun that gives up on a lost host), so that a launch
             is over when this returns.
+        on_message: called with each message of the ranks to the launcher (launcher_messages),
+            which their output then goes without; None passes such lines on as they are.
     """
     watched = lost_host_markers is not None and not tag_lines
-    pipe = subprocess.PIPE if tag_lines or watched else None
+    pipe = subprocess.PIPE if tag_lines or watched or on_message is not None else None
     received: List[Tuple[int, float]] = []  # (signal, when), first one first
     child = None
 
@@ -105,12 +107,13 @@ def run_supervised(
         if received:
             child.send_signal(received[0][0])
         if tag_lines:
-            relays = [start_relay(child.stdout, sys.stdout.buffer),
-                      start_relay(child.stderr, sys.stderr.buffer)]
-        elif watched:
+            relays = [start_relay(child.stdout, sys.stdout.buffer, on_message),
+                      start_relay(child.stderr, sys.stderr.buffer, on_message)]
+        elif pipe is not None:
             # prterun writes some of its messages about a lost host to standard output.
-            relays = [start_watching_relay(child.stdout, sys.stdout.buffer, lost_host_markers),
-                      start_watching_relay(child.stderr, sys.stderr.buffer, lost_host_markers)]
+            markers = lost_host_markers if watched else ()
+            relays = [start_watching_relay(child.stdout, sys.stdout.buffer, markers, on_message),
+                      start_watching_relay(child.stderr, sys.stderr.buffer, markers, on_message)]
         while True:
             try:
                 returncode = child.wait(timeout=POLL_SECONDS)

@@ -12,8 +12,8 @@
                     state.commit()
             state.batch = 0
 
-Variables roll back as numpy copies and sync by broadcasting rank 0's values. Since
-TensorFlow 2.16 a Keras model is a Keras 3 one, whose state `hvdplus.keras.elastic.KerasState`
+Variables roll back as numpy copies and sync by broadcasting the values of the rank with
+the newest commit. Since TensorFlow 2.16 a Keras model is a Keras 3 one, whose state `hvdplus.keras.elastic.KerasState`
 keeps: TensorFlowKerasState is that class, looked up by name when a script asks for it, so
 that `import hvdplus.tensorflow` loads no Keras (which sits above this package).
 """
@@ -32,7 +32,7 @@ __all__ = [
 
 
 class _VariablesHandler(ObjectHandler):
-    """Keeps numpy copies of a list of tf.Variables; sync assigns rank 0's values."""
+    """Keeps numpy copies of a list of tf.Variables; sync assigns one rank's values."""
 
     def __init__(self, variables):
         self.save(variables)
@@ -45,8 +45,8 @@ class _VariablesHandler(ObjectHandler):
             variable.assign(value)
         return variables
 
-    def sync(self, variables, name):
-        broadcast_variables(variables, root_rank=0)
+    def sync(self, variables, name, root_rank=0):
+        broadcast_variables(variables, root_rank=root_rank)
         return variables
 
 

@@ -12,13 +12,14 @@
             state.sampler.set_epoch(state.epoch + 1)
 
 Models and optimizers roll back through their state dicts, and sync by broadcasting them
-from rank 0; an ElasticSampler re-shards what is left of its epoch over the new ranks.
+from the rank with the newest commit; an ElasticSampler re-shards what is left of its epoch over the new ranks.
 """
 
 import copy
 import random
 from typing import Any, Callable, List
 
+import numpy as np
 import torch
 
 from ..elastic import HostsUpdatedInterrupt, ObjectHandler, ObjectState, RanksFailedError, State, run
@@ -101,9 +102,9 @@ class ElasticSampler(torch.utils.data.Sampler):
 
 class _StateDictHandler(ObjectHandler):
     """Keeps a copy of a value's `state_dict()` (a model, an optimizer, a sampler); `sync`
-    is how rank 0's value reaches the others."""
+    is how one rank's value reaches the others."""
 
-    def __init__(self, value, sync: Callable[[Any, str], None]):
+    def __init__(self, value, sync: Callable[[Any, str, int], None]):
         self._sync = sync
         self.save(value)
 
@@ -117,21 +118,30 @@ class _StateDictHandler(ObjectHandler):
         value.load_state_dict(_copied(self.saved))
         return value
 
-    def sync(self, value, name):
-        self._sync(value, name)
+    def sync(self, value, name, root_rank=0):
+        self._sync(value, name, root_rank)
         return value
 
+    def snapshot(self):
+        # numpy views of the saved tensors, which pickle writes from their own memory; a
+        # tensor's own pickling copies it whole first.
+        return _mapped(self.saved, _as_array)
 
-def _sync_model(model, name):
-    broadcast_parameters(model.state_dict(), root_rank=0)
+    def load(self, value, snapshot):
+        self.saved = _mapped(snapshot, _TensorValues.tensor, kind=_TensorValues)
+        return self.restore(value)
 
 
-def _sync_optimizer(optimizer, name):
-    broadcast_optimizer_state(optimizer, root_rank=0)
+def _sync_model(model, name, root_rank):
+    broadcast_parameters(model.state_dict(), root_rank=root_rank)
 
 
-def _sync_sampler(sampler, name):
-    sampler.load_state_dict(broadcast_object(sampler.state_dict(), root_rank=0, name=name))
+def _sync_optimizer(optimizer, name, root_rank):
+    broadcast_optimizer_state(optimizer, root_rank=root_rank)
+
+
+def _sync_sampler(sampler, name, root_rank):
+    sampler.load_state_dict(broadcast_object(sampler.state_dict(), root_rank=root_rank, name=name))
 
 
 def _handler_for(value: Any):
@@ -142,6 +152,37 @@ def _handler_for(value: Any):
     if isinstance(value, ElasticSampler):
         return _StateDictHandler(value, _sync_sampler)
     return ObjectHandler(value)
+
+
+class _TensorValues:
+    """A saved tensor's values as a numpy array, in a snapshot; `tensor()` makes it a tensor again."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.array)
+
+
+def _as_array(tensor):
+    """A numpy view of `tensor`'s values (on the CPU), or `tensor` itself where numpy has no
+    such dtype (bfloat16)."""
+    try:
+        return _TensorValues(tensor.cpu().numpy())
+    except TypeError:
+        return tensor
+
+
+def _mapped(value, function, kind=torch.Tensor):
+    """`value` (dicts, lists and tuples, as state dicts are) with `function` applied to each
+    item of type `kind`."""
+    if isinstance(value, kind):
+        return function(value)
+    if isinstance(value, dict):
+        return {key: _mapped(item, function, kind) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_mapped(item, function, kind) for item in value)
+    return value
 
 
 def _copied(value, into=None):
