@@ -17,6 +17,7 @@ import pytest
 
 from testkit import rank_reports
 from testkit.mpi_jobs import MpiJob, launch
+from testkit.mpich import mpich_python_or_skip_reason
 
 IN_RANK = os.environ.get("HVDPLUS_MPI_TESTS") == "1"
 collect_ignore = [] if IN_RANK else ["mpi"]
@@ -65,6 +66,15 @@ def _without_option(args, names):
         elif not arg.startswith(tuple(name + "=" for name in names)):
             kept.append(arg)
     return kept
+
+
+@pytest.fixture(scope="session")
+def mpich_python(tmp_path_factory):
+    """The python of MPICH's environment (tests/testkit/mpich.py), built once per run in CI."""
+    python, reason = mpich_python_or_skip_reason(str(tmp_path_factory.mktemp("mpich")))
+    if python is None:
+        pytest.skip(reason)
+    return python
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """Elastic PyTorch jobs that lose (or gain) ranks: tests/elastic_jobs/torch_train.py under
-hvdplusrun's elastic mode, checked against tests/elastic_jobs/replay.py.
+hvdplusrun's elastic mode, checked against tests/elastic_jobs/replay.py. The fault matrix,
+every victim at every moment in every mode, is tests/test_elastic_faults.py's.
 
 Every job must end with exit 0, every sample committed exactly once per epoch, and the
 final weights equal to a numpy replay of the steps it committed, at the sizes expected."""
@@ -11,8 +12,9 @@ import sys
 import pytest
 
 from elastic_jobs import replay
+from testkit.discovery import discovery_script
 from testkit.programs import program
-from testkit.stopping import assert_stops_at_once, start_stepping, start_waiting_to_restart
+from testkit.stopping import assert_stops_at_once, start_committing, start_stepping, start_waiting_to_restart
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(200)]
 
@@ -47,35 +49,6 @@ def test_in_place_after_a_rank_dies_between_steps(mpi_job, tmp_path, victim):
     assert f"ranks [{victim}] of 3 died; the other 2 re-formed the job" in output
 
 
-def test_in_place_when_a_rank_dies_with_its_all_reduces_in_flight(mpi_job, tmp_path):
-    trained, _ = run_elastic(mpi_job, tmp_path, 3, ["--kill", "2:3:backward"])
-    assert sizes_change(trained, 3, 2, 3), replay.sizes(trained)
-
-
-def test_in_place_when_a_rank_dies_inside_commit(mpi_job, tmp_path):
-    # The victim saved step 4 but the others may not have: all roll back to the same commit.
-    trained, _ = run_elastic(mpi_job, tmp_path, 3, ["--kill", "1:4:commit"])
-    sizes = replay.sizes(trained)
-    assert sizes[0] == 3 and sizes[-1] == 2 and sizes.count(3) in (3, 4), sizes
-
-
-def test_two_ranks_die_at_once(mpi_job, tmp_path):
-    trained, _ = run_elastic(mpi_job, tmp_path, 3, ["--kill", "1:4:step", "--kill", "2:4:step"])
-    assert sizes_change(trained, 3, 1, 4), replay.sizes(trained)
-
-
-def test_a_rank_dies_while_the_others_sync_after_a_re_form(mpi_job, tmp_path):
-    # Rank 2 dies at step 3; in the broadcast that re-syncs the survivors, rank 1 dies too.
-    trained, _ = run_elastic(mpi_job, tmp_path, 3, ["--kill", "2:3:step", "--kill", "1:3:sync"])
-    assert sizes_change(trained, 3, 1, 3), replay.sizes(trained)
-
-
-def test_a_rank_that_dies_after_the_last_commit_costs_nothing(mpi_job, tmp_path):
-    trained, _ = run_elastic(mpi_job, tmp_path, 3, ["--kill", f"2:{2 * STEPS_PER_EPOCH_AT_3}:end"])
-    assert set(replay.sizes(trained)) == {3}
-    assert trained["resets"] == []
-
-
 def test_restart_resumes_from_the_commit_on_disk(mpi_job, tmp_path):
     trained, output = run_elastic(mpi_job, tmp_path, 3, ["--kill", "1:5:step"],
                                   launcher_args=["--min-np", "2", "--no-in-place"])
@@ -95,11 +68,7 @@ def test_too_few_survivors_restart_after_waiting_for_slots(mpi_job, tmp_path):
 
 
 def test_growing_restarts_on_the_new_slots_at_a_commit(mpi_job, tmp_path):
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:2\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
+    hosts, discover = discovery_script(tmp_path, 2)
     trained, output = run_elastic(
         mpi_job, tmp_path, 2, ["--grow", f"{hosts}:4:3", "--step-seconds", "0.1"],
         launcher_args=["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discover)])
@@ -118,12 +87,15 @@ def test_an_error_is_not_taken_for_a_failure(mpi_job):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_during_a_step_ends_a_restarting_job_without_a_restart(mpi_job, tmp_path, signum):
-    with start_stepping(mpi_job, tmp_path, ["--elastic"], ["--min-np", "1", "--no-in-place"]) as job:
-        assert_stops_at_once(job, signum, tmp_path)
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_while_the_launcher_waits_to_restart_ends_the_job(mpi_job, tmp_path, signum):
-    with start_waiting_to_restart(mpi_job, tmp_path) as job:
+@pytest.mark.parametrize("mode, moment", [("in-place", "step"), ("in-place", "commit"), ("restart", "step"),
+                                          ("restart", "commit"), ("restart", "waiting-to-restart")])
+def test_a_signal_ends_the_job_without_a_restart(mpi_job, tmp_path, mode, moment, signum):
+    launcher_args = ["--min-np", "1"] + (["--no-in-place"] if mode == "restart" else [])
+    if moment == "waiting-to-restart":
+        job = start_waiting_to_restart(mpi_job, tmp_path)
+    elif moment == "commit":
+        job = start_committing(mpi_job, tmp_path, launcher_args)
+    else:
+        job = start_stepping(mpi_job, tmp_path, ["--elastic"], launcher_args)
+    with job:
         assert_stops_at_once(job, signum, tmp_path)

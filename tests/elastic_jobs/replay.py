@@ -1,9 +1,11 @@
-"""Checks of an elastic job's output (tests/elastic_jobs/torch_train.py's JSON) against an
-independent numpy replay of the steps it committed."""
+"""What the elastic test jobs (torch_train.py, numpy_train.py) trained, as JSON (`save`,
+`load`), and checks of it against an independent numpy replay of the steps they committed."""
 
 import json
 
 import numpy as np
+
+import hvdplus
 
 SAMPLES, FEATURES = 96, 4
 
@@ -13,6 +15,14 @@ def dataset():
     x = rng.standard_normal((SAMPLES, FEATURES)).astype(np.float32)
     y = x @ np.arange(1, FEATURES + 1, dtype=np.float32) + 0.5
     return x.astype(np.float64), y.astype(np.float64)
+
+
+def save(path, log, resets, weight, bias):
+    """Write what a job trained, on rank 0 of its last launch, for `load`."""
+    if hvdplus.rank() == 0:
+        with open(path, "w") as file:
+            json.dump({"log": log, "size": hvdplus.size(), "resets": resets,
+                       "weight": np.ravel(weight).tolist(), "bias": np.ravel(bias).tolist()}, file)
 
 
 def load(path):

@@ -14,15 +14,14 @@ file next to OUT remembers it across restarts.
 """
 
 import argparse
-import json
-import os
-import signal
 import time
 
 import numpy as np
 import torch
 
 import hvdplus.torch as hvd
+import replay
+from kills import Kills
 
 SAMPLES, FEATURES, BATCH = 96, 4, 4
 
@@ -40,21 +39,6 @@ def initial_model():
         model.weight.copy_(torch.linspace(-0.2, 0.2, FEATURES))
         model.bias.zero_()
     return model
-
-
-class Kills:
-    """The --kill plans of this rank, each carried out once per job."""
-
-    def __init__(self, plans, out):
-        self.plans = [plan.split(":") for plan in plans]
-        self.out = out
-
-    def maybe(self, step, phase):
-        for rank, at, when in self.plans:
-            marker = f"{self.out}.killed-{rank}-{at}-{when}"
-            if when == phase and int(at) == step and hvd.rank() == int(rank) and not os.path.exists(marker):
-                open(marker, "w").close()
-                os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main():
@@ -103,7 +87,7 @@ def main():
                         file.write(f"localhost:{args.grow.split(':')[2]}\n")
                 optimizer.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x), y)
-                if any(when == "backward" for *_, when in kills.plans):
+                if kills.planned("backward"):
                     model.bias.register_post_accumulate_grad_hook(lambda _: kills.maybe(step, "backward"))
                 loss.backward()
                 optimizer.step()
@@ -117,11 +101,7 @@ def main():
 
     train(state)
     kills.maybe(len(state.log), "end")
-    if hvd.rank() == 0:
-        with open(args.out, "w") as file:
-            json.dump({"log": state.log, "size": hvd.size(), "resets": resets,
-                       "weight": model.weight.detach().numpy().tolist(),
-                       "bias": model.bias.detach().numpy().tolist()}, file)
+    replay.save(args.out, state.log, resets, model.weight.detach().numpy(), model.bias.detach().numpy())
 
 
 if __name__ == "__main__":

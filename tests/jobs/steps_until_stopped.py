@@ -3,9 +3,10 @@ and all-reduces a small array. After its first step, each rank writes an empty f
 process id into FOLDER, and rank 0 prints 'stepping on N ranks'. Each rank stops after two
 minutes.
 
-    steps_until_stopped.py FOLDER [--elastic] [--die-when FILE]
+    steps_until_stopped.py FOLDER [--elastic] [--commit-seconds S] [--die-when FILE]
 
-With --elastic the steps run inside hvdplus.elastic.run, with a commit every 10 steps. With
+With --elastic the steps run inside hvdplus.elastic.run, with a commit every 10 steps, each of
+which takes S seconds more with --commit-seconds (rank 0 prints 'inside commit' in the first). With
 --die-when, rank 1 kills itself (SIGKILL) at its first step after FILE appears, once per job
 (a file 'died' in FOLDER remembers it across restarts), so that an elastic job restarts or
 re-forms.
@@ -27,6 +28,7 @@ import hvdplus as hvd
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("folder", help="where each rank writes a file named by its process id")
 parser.add_argument("--elastic", action="store_true", help="step inside hvdplus.elastic.run")
+parser.add_argument("--commit-seconds", type=float, default=0.0, help="how long each commit takes")
 parser.add_argument("--die-when", metavar="FILE", help="rank 1 kills itself once FILE exists, once per job")
 arguments = parser.parse_args()
 DEADLINE = time.monotonic() + 120
@@ -60,8 +62,22 @@ def elastic(state):
             state.commit()
 
 
+def slow_commits(state):
+    """Make each commit of `state` take --commit-seconds more, inside it."""
+    save = state.save
+
+    def slow_save():
+        save()
+        if hvd.rank() == 0 and state.step == 10:
+            print("inside commit", flush=True)
+        time.sleep(arguments.commit_seconds)
+
+    state.save = slow_save
+    return state
+
+
 hvd.init()
 if arguments.elastic:
-    elastic(hvd.elastic.ObjectState(step=0))
+    elastic(slow_commits(hvd.elastic.ObjectState(step=0)))
 else:
     plain()

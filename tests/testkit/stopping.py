@@ -6,9 +6,10 @@ import signal
 import sys
 
 from testkit.processes import assert_all_end, kill_leftovers, pids_in
+from testkit.discovery import discovery_script
 from testkit.programs import program
 
-__all__ = ["STOP_SECONDS", "start_stepping", "start_waiting_to_restart", "assert_stops_at_once"]
+__all__ = ["STOP_SECONDS", "start_stepping", "start_committing", "start_waiting_to_restart", "assert_stops_at_once"]
 
 # What a signal to hvdplusrun may take to end the job, ranks included.
 STOP_SECONDS = 5
@@ -23,15 +24,20 @@ def start_stepping(mpi_job, folder, job_args=(), launcher_args=(), python=sys.ex
     return job
 
 
+def start_committing(mpi_job, folder, launcher_args=("--min-np", "1"), python=sys.executable, env=None):
+    """Start an elastic job of 2 ranks whose commits take 30 s; return the RunningJob once rank 0
+    is inside its first commit."""
+    job = start_stepping(mpi_job, folder, ["--elastic", "--commit-seconds", "30"], launcher_args, python, env)
+    with _ended_on_failure(job):
+        job.wait_for("inside commit")
+    return job
+
+
 def start_waiting_to_restart(mpi_job, folder, python=sys.executable, env=None):
     """Start an elastic job of 2 ranks that restarts (`--no-in-place`, `--min-np 2`); once they
     step, the discovery script shows one slot only and rank 1 dies. Return the RunningJob once
     the launcher has said it restarts: it then waits for a second slot, which never comes."""
-    hosts = folder / "hosts"
-    hosts.write_text("localhost:2\n")
-    discovery = folder / "discover.sh"
-    discovery.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discovery.chmod(0o755)
+    hosts, discovery = discovery_script(folder, 2)
     launcher_args = ["--min-np", "2", "--no-in-place", "--host-discovery-script", str(discovery)]
     job = start_stepping(mpi_job, folder, ["--elastic", "--die-when", folder / "die"], launcher_args, python, env)
     with _ended_on_failure(job):
