@@ -37,7 +37,10 @@ RESULTS = os.path.join(REPOSITORY, "benchmarks", "results")
 # itself while it runs (engine.py turns the response cache off): those belong to the
 # script, not to the command.
 _LAUNCH_ENVIRONMENT = {name: value for name, value in os.environ.items()
-                       if name == "KERAS_BACKEND" or name.startswith(("HVDPLUS_", "HOROVOD_"))}
+                       if (name == "KERAS_BACKEND" or name.startswith(("HVDPLUS_", "HOROVOD_")))
+                       and not name.startswith("HVDPLUS_ELASTIC_")}
+# hvdplusrun's elastic mode sets these in the ranks: its flag goes back into the command instead.
+_ELASTIC_MIN_NP = os.environ.get("HVDPLUS_ELASTIC_MIN_NP")
 
 
 def throughput(run, batch, steps, participants, comm=MPI.COMM_WORLD):
@@ -258,7 +261,9 @@ def _reproducing_command(ranks):
     if script.startswith(REPOSITORY + os.sep):
         script = os.path.relpath(script, REPOSITORY)
     variables = [f"{name}={shlex.quote(value)}" for name, value in sorted(_LAUNCH_ENVIRONMENT.items())]
-    return " ".join(variables + ["hvdplusrun", "-np", str(ranks), "python", shlex.join([script] + sys.argv[1:])])
+    elastic = ["--min-np", _ELASTIC_MIN_NP] if _ELASTIC_MIN_NP else []
+    return " ".join(variables + ["hvdplusrun", "-np", str(ranks), *elastic, "python",
+                                 shlex.join([script] + sys.argv[1:])])
 
 
 def ratio(results, run, baseline, times=1):

@@ -55,7 +55,7 @@ BENCHMARKS = (
               "KERAS_BACKEND=tensorflow hvdplusrun -np 2 python benchmarks/keras_training.py"),
     Benchmark("keras_training_jax_np2.csv",
               "KERAS_BACKEND=jax hvdplusrun -np 2 python benchmarks/keras_training.py"),
-    Benchmark("elastic_np2.csv", "hvdplusrun -np 2 python benchmarks/elastic.py"),
+    Benchmark("elastic_np2.csv", "hvdplusrun -np 2 --min-np 2 python benchmarks/elastic.py --lost-host"),
     Benchmark("pipeline_np2.csv", "hvdplusrun -np 2 python benchmarks/pipeline.py"),
     Benchmark("autotune_np2.csv", "HOROVOD_AUTOTUNE=1 hvdplusrun -np 2 python benchmarks/autotune.py"),
     Benchmark("multihost_np4.csv", "python benchmarks/multihost.py"),

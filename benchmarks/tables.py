@@ -31,7 +31,7 @@ __all__ = ["TABLES", "DOCUMENTS", "Results", "render", "render_document", "stale
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPOSITORY, "benchmarks", "results")
-DOCUMENTS = ("docs/performance.md", "README.md")
+DOCUMENTS = ("docs/performance.md", "docs/elastic.md", "README.md")
 MARKED = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results -->)", re.DOTALL)
 MACHINE = "machine"
 MIB = 1024 * 1024
@@ -273,6 +273,17 @@ def autotune(results):
     return markdown_table(header, rows)
 
 
+def elastic(results):
+    recovery = [[row["path"], duration(float(row["seconds"])), f"{float(row['steps_lost']):g}",
+                 ", ".join(duration(float(seconds)) for seconds in row["runs"].split(";"))]
+                for row in results.where(measurement="kill to first step")]
+    commits = [[row["run"], fraction(float(row["ratio"]))] for row in results.where(baseline="no commits")]
+    return "\n\n".join([
+        markdown_table(["path", "kill to first step (median)", "steps lost (median)", "each run"], recovery),
+        markdown_table(["commits of the deep MLP's TorchState, in an elastic job", "throughput against no commits"],
+                       commits)])
+
+
 # The size whose all-reduce README quotes: large enough to be bandwidth-bound (or the largest measured below it).
 SUMMARY_BYTES = 64 * MIB
 
@@ -362,6 +373,7 @@ TABLES = {
     "keras_training": Table(("keras_training_torch_np2.csv", "keras_training_tensorflow_np2.csv",
                              "keras_training_jax_np2.csv"), keras_training),
     "autotune": Table(("autotune_np2.csv",), autotune),
+    "elastic": Table(("elastic_np2.csv",), elastic),
     "summary": Table(("torch_training_np2.csv", "tensorflow_training_np2.csv", "keras_training_torch_np2.csv",
                       "engine_np2.csv", "collectives_np2.csv"), summary),
 }
