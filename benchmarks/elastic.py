@@ -86,13 +86,18 @@ def recovery_job(out: str, kill: bool, step_seconds: float) -> None:
 
 
 def recovery_figures(steps_log: str, killed_at: float) -> tuple:
-    """(seconds from `killed_at` to the first step completed after it, steps lost) from a
-    recovery job's OUT.steps."""
+    """(seconds from `killed_at` to the first step completed that started after it, steps lost)
+    from a recovery job's OUT.steps. A step that was under way at the kill may still complete
+    on the old ranks (a container takes a moment to die): it does not count as recovered."""
     with open(steps_log) as file:
-        lines = [line.split() for line in file if line.strip()]
-    first_after = min(float(when) for what, _, when in lines if what == "done" and float(when) > killed_at)
-    starts = sum(1 for what, _, _ in lines if what == "start")
-    return first_after - killed_at, starts - RECOVERY_STEPS
+        lines = [(what, int(step), float(when)) for what, step, when in (line.split() for line in file if line.strip())]
+    started = {}
+    for what, step, when in lines:
+        if what == "start":
+            started[step] = when
+        elif started[step] > killed_at:
+            return when - killed_at, sum(1 for what, _, _ in lines if what == "start") - RECOVERY_STEPS
+    raise RuntimeError(f"no step started after the kill completed: {steps_log}")
 
 
 def job_command(ranks_args, out, kill, step_seconds=0.0, python=sys.executable, script=os.path.abspath(__file__)):
