@@ -63,15 +63,16 @@ def recovery_job(out: str, kill: bool, step_seconds: float) -> None:
     data, target = torch.randn(BATCH, 256), torch.randint(0, 10, (BATCH,))
     state = hvd.elastic.TorchState(model, optimizer, step=0)
 
-    def note(what):
+    def note(what, step):
         if hvd.rank() == 0:
             with open(out + ".steps", "a") as steps:
-                steps.write(f"{what} {state.step} {time.time()!r}\n")
+                steps.write(f"{what} {step} {time.time()!r}\n")
 
     @hvd.elastic.run
     def train(state):
         while state.step < RECOVERY_STEPS:
-            note("start")
+            step = state.step
+            note("start", step)
             if kill and state.step == KILL_STEP and hvd.rank() == 2 and not os.path.exists(out + ".kill"):
                 with open(out + ".kill", "w") as file:
                     file.write(repr(time.time()))
@@ -80,7 +81,7 @@ def recovery_job(out: str, kill: bool, step_seconds: float) -> None:
             time.sleep(step_seconds)
             state.step += 1
             state.commit()
-            note("done")
+            note("done", step)
 
     train(state)
 
