@@ -1,4 +1,4 @@
-"""Packaging for hvdplus: only numpy and mpi4py are required; frameworks and MPI itself are extras."""
+"""Packaging for hvdplus: numpy, mpi4py and cloudpickle are required; frameworks and MPI itself are extras."""
 
 import os
 
@@ -58,7 +58,8 @@ setup(
     packages=find_packages(include=["hvdplus", "hvdplus.*"]),
     # tests/test_oldest_python.py reads this floor and tests hvdplus on that Python.
     python_requires=">=3.9",
-    install_requires=["numpy>=1.21", "mpi4py>=3.1"],
+    # cloudpickle: hvdplus.run sends functions of __main__ and closures to the ranks.
+    install_requires=["numpy>=1.21", "mpi4py>=3.1", "cloudpickle>=2.0"],
     extras_require=EXTRAS,
     # horovodrun hands over to a real Horovod's launcher where one is installed (runner/horovodrun.py).
     entry_points={"console_scripts": ["hvdplusrun = hvdplus.runner.launch:main",

@@ -6,6 +6,7 @@
 
 Importing hvdplus starts nothing; `hvd.init()` starts MPI. The collectives here work on
 numpy arrays; `hvdplus.torch`, `hvdplus.tensorflow` and `hvdplus.keras` wrap them for tensors.
+`hvdplus.run(fn, np=4)` starts a job from Python and returns what `fn` returned on each rank.
 """
 
 import importlib
@@ -25,6 +26,9 @@ _LAZY = {
         "alltoall_async", "reducescatter_async", "poll", "synchronize",
     )
 }
+
+# Starting a job from Python: the launcher's, which never initializes MPI in this process.
+_LAZY.update({name: "hvdplus.runner.python_function" for name in ("run", "RanksRaisedError")})
 
 __all__ = ["__version__", *_BASICS, *sorted(_LAZY)]
 

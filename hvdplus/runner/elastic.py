@@ -54,13 +54,17 @@ class LaunchReport:
         self.restart: Optional[RestartRequest] = None
         self.lost_in_place: List[str] = []  # the hosts of ranks the job re-formed without
 
-    def take(self, message: dict) -> None:
-        """One of the ranks' messages (hvdplus.elastic.run sends them)."""
+    def take(self, message: dict) -> bool:
+        """One of the ranks' messages (hvdplus.elastic.run sends them); whether it was one
+        about the job's members."""
         if "restart" in message:
             self.restart = RestartRequest(str(message["restart"]), list(message.get("failed_ranks", [])),
                                           list(message.get("failed_hosts", [])))
         elif "lost_hosts" in message:
             self.lost_in_place.extend(message["lost_hosts"])
+        else:
+            return False
+        return True
 
     def mpi_lost_hosts(self, hosts: Sequence[str]) -> None:
         """mpirun lost `hosts`, and ended the job with them (a host or its container gone: Open

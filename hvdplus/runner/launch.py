@@ -11,11 +11,12 @@ stopped by signal N (SIGINT, SIGTERM: the job ends, and an elastic one is not re
 """
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
 import tempfile
-from typing import List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..version import __version__
 from . import check_build, horovod_flags
@@ -33,7 +34,7 @@ from .stop_signals import Stopped, stopping_on_signals
 from .supervise import run_supervised
 from .tuning import add_tuning_arguments, tuning_environment
 
-__all__ = ["build_parser", "parse_args", "main"]
+__all__ = ["build_parser", "parse_args", "launch", "JobIO", "find_mpi", "main"]
 
 
 def _positive_int(text: str) -> int:
@@ -130,8 +131,8 @@ def _ssh_args(args: argparse.Namespace) -> List[str]:
     return ssh_args
 
 
-def _mpi():
-    """The mpirun to use, and how to spell a job for it."""
+def find_mpi():
+    """The mpirun to use, and how to spell a job for it (its Dialect)."""
     mpirun = find_mpirun(default_search_dirs(), os.environ.get(MPIRUN_ENV))
     return mpirun, dialect_for(identify_mpi(mpirun))
 
@@ -140,18 +141,29 @@ def _is_elastic(args: argparse.Namespace) -> bool:
     return bool(args.min_np or args.max_np or args.host_discovery_script)
 
 
-def launch(args: argparse.Namespace) -> int:
+@dataclasses.dataclass
+class JobIO:
+    """What a caller of `launch` from Python (hvdplus.run) exchanges with the job's ranks:
+    their messages to it (launcher_messages) that are not the launcher's own, and variables
+    for them, passed to every host."""
+
+    on_message: Optional[Callable[[dict], None]] = None
+    env: Dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def launch(args: argparse.Namespace, io: Optional[JobIO] = None) -> int:
     """Start the job `args` describes and wait for it; return the exit status."""
+    io = io or JobIO()
     hosts = _hosts(args)
     if _is_elastic(args):
-        return _launch_elastic(args, hosts)
+        return _launch_elastic(args, hosts, io)
     num_proc = args.num_proc or total_slots(hosts)
     if not num_proc:
         raise LaunchError("-np is required unless -H or --hostfile give the slots")
-    return _run_job(args, hosts, num_proc)
+    return _run_job(args, hosts, num_proc, io=io)
 
 
-def _launch_elastic(args: argparse.Namespace, hosts: List[Host]) -> int:
+def _launch_elastic(args: argparse.Namespace, hosts: List[Host], io: JobIO) -> int:
     if not args.host_discovery_script and not hosts:
         slots = args.max_np or args.num_proc
         if not slots:
@@ -161,13 +173,18 @@ def _launch_elastic(args: argparse.Namespace, hosts: List[Host]) -> int:
         num_proc=args.num_proc, min_np=args.min_np, max_np=args.max_np,
         discovery_script=args.host_discovery_script, max_restarts=args.max_restarts,
         elastic_timeout=args.elastic_timeout, in_place=args.in_place,
-        outlives_failures=bool(_mpi()[1].fault_tolerance()),
+        outlives_failures=bool(find_mpi()[1].fault_tolerance()),
     )
 
     def start(job_hosts, num_proc, env, tick, report):
         lost = []
+
+        def take(message):
+            if not report.take(message) and io.on_message is not None:
+                io.on_message(message)
+
         status = _run_job(args, job_hosts, num_proc, extra_env=env, fault_tolerant=True, on_tick=tick,
-                          hostfile_given=False, lost_hosts=lost, on_message=report.take)
+                          hostfile_given=False, lost_hosts=lost, io=dataclasses.replace(io, on_message=take))
         if lost:  # MPI ended the job with its ranks: restart it without the hosts it lost
             report.mpi_lost_hosts(lost)
         return status
@@ -177,10 +194,12 @@ def _launch_elastic(args: argparse.Namespace, hosts: List[Host]) -> int:
 
 def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_env=None,
              fault_tolerant: bool = False, on_tick=None, hostfile_given: bool = True, lost_hosts=None,
-             on_message=None) -> int:
+             io: Optional[JobIO] = None) -> int:
     """Run one mpirun of `num_proc` ranks on `hosts` to its end; return its exit status."""
-    mpirun, dialect = _mpi()
-    env = dict(os.environ, **tuning_environment(args), **horovod_flags.environment(args), **(extra_env or {}))
+    io = io or JobIO()
+    mpirun, dialect = find_mpi()
+    env = dict(os.environ, **tuning_environment(args), **horovod_flags.environment(args), **io.env,
+               **(extra_env or {}))
     if args.horovod_compat:
         env["PYTHONPATH"] = horovod_flags.python_path_with_alias(env.get("PYTHONPATH"))
     cores = local_core_count()
@@ -205,7 +224,7 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
             oversubscribe=needs_oversubscribe(num_proc, hosts, cores),
             as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
             output_dir=output_dir,
-            env_names=forwarded_env_names(env),
+            env_names=sorted(set(forwarded_env_names(env)) | set(io.env)),
             mpi_args=shlex.split(args.mpi_args),
             fault_tolerant=fault_tolerant,
             ssh_args=_ssh_args(args),
@@ -220,7 +239,7 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
         # An elastic launch must be over, every rank of it, before the next one starts.
         return run_supervised(argv, env, tag_lines=MARKER_PATTERN in argv, on_tick=on_tick,
                               lost_host_markers=watch, lost_hosts=lost_hosts, end_leftovers=fault_tolerant,
-                              on_message=on_message)
+                              on_message=io.on_message)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -> int:

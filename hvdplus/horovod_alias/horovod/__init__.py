@@ -81,3 +81,11 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(isinstance(finder, _Alias) for finder in sys.meta_path):
     sys.meta_path.insert(0, _Alias())
+
+
+def __getattr__(name):
+    # horovod.run: start a job from Python (hvdplus.run), for driver programs written against Horovod.
+    if name == "run":
+        import hvdplus
+        return hvdplus.run
+    raise AttributeError(f"module 'horovod' has no attribute {name!r}")

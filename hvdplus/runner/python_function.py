@@ -1,0 +1,169 @@
+"""`hvdplus.run(fn, np=4)`: run a Python function on every rank of a job, from Python, and
+get back what each rank returned.
+
+    import hvdplus
+
+    def train(lr):
+        import hvdplus.torch as hvd
+        hvd.init()
+        ...
+        return hvd.rank(), final_loss
+
+    results = hvdplus.run(train, args=(0.1,), np=4)   # [(0, loss), (1, loss), ...] in rank order
+
+The job starts through the same launcher as `hvdplusrun` (in this process), so hosts, elastic
+flags, tuning flags and MPICH behave the same; output comes tagged by rank. The function and its
+arguments travel cloudpickled in variables of the ranks' environment (function_payload), the
+ranks' results and errors in lines of their output (hvdplus.run_rank). No file is shared
+with the ranks.
+"""
+
+import base64
+import dataclasses
+import shlex
+import signal
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import cloudpickle
+
+from ..common import function_payload
+from .errors import LaunchError
+from .launch import JobIO, build_parser, launch, parse_args
+from .stop_signals import Stopped, stopping_on_signals
+
+__all__ = ["run", "RanksRaisedError", "RankFailure"]
+
+
+@dataclasses.dataclass
+class RankFailure:
+    """What one rank raised: the exception's type name, its message and its traceback."""
+
+    rank: int
+    type: str
+    message: str
+    traceback: str
+
+
+class RanksRaisedError(RuntimeError):
+    """Ranks of a job that `hvdplus.run` started raised; `failures` holds each one's
+    RankFailure, by rank."""
+
+    def __init__(self, failures: Dict[int, RankFailure], status: int):
+        self.failures = failures
+        self.status = status
+        first = failures[min(failures)]
+        lines = [f"{len(failures)} of the job's ranks raised (ranks {sorted(failures)}); the job ended with "
+                 f"exit status {status}. Rank {first.rank}: {first.type}: {first.message}"]
+        for failure in failures.values():
+            lines.append(f"\n-- rank {failure.rank}'s traceback --\n{failure.traceback.rstrip()}")
+        super().__init__("\n".join(lines))
+
+
+class _Results:
+    """The ranks' messages to the caller, as they arrive (from the launcher's output threads)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.pieces: Dict[int, Dict[int, str]] = {}
+        self.expected: Dict[int, int] = {}
+        self.failures: Dict[int, RankFailure] = {}
+
+    def take(self, message: dict) -> None:
+        with self._lock:
+            if "run_started" in message:  # a launch starts: what an earlier one returned is void
+                self.pieces.clear()
+                self.expected.clear()
+            elif "result" in message:
+                rank = int(message["result"])
+                self.pieces.setdefault(rank, {})[int(message["piece"])] = message["data"]
+                self.expected[rank] = int(message["pieces"])
+            elif "error" in message:
+                rank = int(message["error"])
+                self.failures[rank] = RankFailure(rank, message.get("type", "Exception"),
+                                                  message.get("message", ""), message.get("traceback", ""))
+
+    def values(self) -> Dict[int, Any]:
+        """Each rank's returned value, for the ranks whose every piece arrived."""
+        values = {}
+        for rank, pieces in self.pieces.items():
+            if len(pieces) == self.expected[rank]:
+                encoded = "".join(pieces[index] for index in range(len(pieces)))
+                values[rank] = cloudpickle.loads(base64.b64decode(encoded))
+        return values
+
+
+def _launcher_flags(options: Dict[str, Any]) -> List[str]:
+    """hvdplusrun's flags for keyword arguments named as its options are (`fusion_threshold_mb=32`,
+    `max_restarts=5`, `in_place=False`)."""
+    actions = {action.dest: action for action in build_parser("hvdplus.run")._actions
+               if action.option_strings and action.dest not in ("help", "version", "check_build")}
+    flags = []
+    for name, value in options.items():
+        action = actions.get(name)
+        if action is None:
+            raise TypeError(f"hvdplus.run() got an unexpected keyword argument {name!r}; the launcher's options "
+                            f"are {', '.join(sorted(actions))}")
+        flag = action.option_strings[-1]
+        if action.nargs == 0:  # a switch: store_true or store_false
+            if bool(value) != bool(action.default):
+                flags.append(flag)
+        elif value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
+def run(fn: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = None, np: int = 1,
+        hosts: Union[None, str, Sequence[str]] = None, hostfile: Optional[str] = None,
+        min_np: Optional[int] = None, max_np: Optional[int] = None, env: Optional[Dict[str, str]] = None,
+        start_timeout: Optional[float] = None, verbose: Optional[int] = None, **launcher_options) -> List[Any]:
+    """Run `fn(*args, **kwargs)` on `np` ranks; return the list of its return values, in rank order.
+
+    Args:
+        fn, args, kwargs: what each rank calls; cloudpickled, so a function of `__main__`, of a
+            notebook cell or a closure will do. The ranks call `hvd.init()` themselves.
+        np: the number of ranks (of the first launch, for an elastic job).
+        hosts: "host:slots,..." (or a list of "host:slots"), as hvdplusrun's -H.
+        hostfile: as hvdplusrun's --hostfile.
+        min_np, max_np: make the job elastic, as hvdplusrun's flags do: `fn` should then train
+            through `hvd.elastic.run`, and the list holds the ranks of the job as it ended.
+        env: variables for the ranks, on top of this process's environment.
+        start_timeout: for an elastic job, how long a launch waits for --min-np usable slots
+            (hvdplusrun's --elastic-timeout); a job that is not elastic waits for nothing.
+        verbose: 2 or more prints the mpirun command line.
+        launcher_options: any other hvdplusrun option, by its name with underscores
+            (`fusion_threshold_mb=32`, `network_interface="eth0"`, `in_place=False`).
+
+    Raises:
+        RanksRaisedError: ranks raised; it names every one, with its exception and traceback.
+            The job ends within seconds of the first one, however long the others compute.
+        RuntimeError: the job failed otherwise (a rank died, mpirun failed); its output says why.
+        KeyboardInterrupt: Ctrl-C (SIGINT), after every rank has ended.
+    """
+    host_list = ",".join(hosts) if isinstance(hosts, (list, tuple)) else hosts
+    options = dict(launcher_options, num_proc=np, hosts=host_list, hostfile=hostfile, min_np=min_np,
+                   max_np=max_np, verbose=bool(verbose and verbose >= 2),
+                   elastic_timeout=start_timeout if start_timeout is not None else launcher_options.get(
+                       "elastic_timeout"))
+    argv = _launcher_flags(options) + ["--no-exit-guard", sys.executable, "-m", "hvdplus.run_rank"]
+    payload = function_payload.to_environment(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))))
+    results = _Results()
+    io = JobIO(on_message=results.take, env={**(env or {}), **payload})
+    try:
+        with stopping_on_signals():
+            status = launch(parse_args(argv), io)
+    except Stopped as stop:
+        if stop.signum == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise SystemExit(stop.exit_status) from None
+    except LaunchError as error:
+        raise RuntimeError(f"hvdplus.run could not start the job: {error}") from None
+    if results.failures:
+        raise RanksRaisedError(dict(sorted(results.failures.items())), status)
+    values = results.values()
+    if status != 0 or not values or sorted(values) != list(range(len(values))):
+        raise RuntimeError(f"hvdplus.run: the job ended with exit status {status}, and returned from ranks "
+                           f"{sorted(values)}; its output above says what went wrong "
+                           f"(launched as: hvdplusrun {shlex.join(argv)})")
+    return [values[rank] for rank in range(len(values))]
