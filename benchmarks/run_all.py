@@ -59,6 +59,7 @@ BENCHMARKS = (
     Benchmark("pipeline_np2.csv", "hvdplusrun -np 2 python benchmarks/pipeline.py"),
     Benchmark("autotune_np2.csv", "HOROVOD_AUTOTUNE=1 hvdplusrun -np 2 python benchmarks/autotune.py"),
     Benchmark("multihost_np4.csv", "python benchmarks/multihost.py"),
+    Benchmark("startup_np2.csv", "python benchmarks/startup.py"),
 )
 
 

@@ -284,6 +284,14 @@ def elastic(results):
                        commits)])
 
 
+def startup(results):
+    return markdown_table(["started by", "seconds (median)", "each run"],
+                          [[f"`{row['way']}`" if row["way"].startswith("hvdplus") else row["way"],
+                            duration(float(row["seconds"])),
+                            ", ".join(duration(float(seconds)) for seconds in row["runs"].split(";"))]
+                           for row in results.rows])
+
+
 # The size whose all-reduce README quotes: large enough to be bandwidth-bound (or the largest measured below it).
 SUMMARY_BYTES = 64 * MIB
 
@@ -374,6 +382,7 @@ TABLES = {
                              "keras_training_jax_np2.csv"), keras_training),
     "autotune": Table(("autotune_np2.csv",), autotune),
     "elastic": Table(("elastic_np2.csv",), elastic),
+    "startup": Table(("startup_np2.csv",), startup),
     "summary": Table(("torch_training_np2.csv", "tensorflow_training_np2.csv", "keras_training_torch_np2.csv",
                       "engine_np2.csv", "collectives_np2.csv"), summary),
 }

@@ -1,0 +1,75 @@
+"""How long a 2-rank job takes to start and end, by each way of starting one.
+
+    python benchmarks/startup.py [--repeats 5]
+
+A driver outside the job (it is no MPI process itself) times, in turns, jobs that only call
+`hvd.init()` and return: `hvdplusrun -np 2 python -c ...` as a subprocess, `hvdplus.run(fn, np=2)`
+in this process, and, as the floor under both, `mpirun -np 2 python -c "from mpi4py import MPI"`.
+Each figure is the median wall time from the call to its return, interpreter start-up of the
+ranks included.
+
+Writes benchmarks/results/startup_np2.csv (see harness.write_table).
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import mpi4py
+
+mpi4py.rc.initialize = False  # this driver only starts jobs; MPI runs in them
+
+import hvdplus  # noqa: E402 (after MPI's initialization is turned off)
+from harness import REPOSITORY, RESULTS, library_versions, write_table  # noqa: E402
+from hvdplus.runner.launch import find_mpi  # noqa: E402
+
+INIT_AND_RETURN = "import hvdplus; hvdplus.init(); hvdplus.shutdown()"
+
+
+def init_and_return():
+    import hvdplus as hvd
+    hvd.init()
+    return hvd.rank()
+
+
+def timed(start) -> float:
+    began = time.perf_counter()
+    start()
+    return time.perf_counter() - began
+
+
+def run_quietly(command):
+    subprocess.run(command, cwd=REPOSITORY, check=True, capture_output=True, timeout=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--csv", metavar="PATH", help="default: benchmarks/results/startup_np2.csv")
+    args = parser.parse_args()
+    mpirun, dialect = find_mpi()
+    ways = {
+        "hvdplusrun": lambda: run_quietly([sys.executable, "-m", "hvdplus.runner", "-np", "2", sys.executable,
+                                           "-c", INIT_AND_RETURN]),
+        "hvdplus.run": lambda: hvdplus.run(init_and_return, np=2),
+        "mpirun and mpi4py alone": lambda: run_quietly(
+            [mpirun, *(dialect.run_as_root() if os.geteuid() == 0 else []), "-np", "2", sys.executable, "-c",
+             "from mpi4py import MPI"]),
+    }
+    seconds = {way: [] for way in ways}
+    for _ in range(args.repeats):
+        for way, start in ways.items():
+            seconds[way].append(timed(start))
+    rows = [{"way": way, "seconds": statistics.median(times), "runs": ";".join(f"{t:.3f}" for t in times)}
+            for way, times in seconds.items()]
+    for row in rows:
+        print(f"  {row['way']:24s} {row['seconds']:6.2f} s   (runs: {row['runs']} s)")
+    write_table("startup", rows, args.csv or os.path.join(RESULTS, "startup_np2.csv"), 2,
+                "python benchmarks/startup.py", **library_versions())
+
+
+if __name__ == "__main__":
+    main()
