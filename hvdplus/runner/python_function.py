@@ -121,13 +121,17 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = No
     """Run `fn(*args, **kwargs)` on `np` ranks; return the list of its return values, in rank order.
 
     Args:
-        fn, args, kwargs: what each rank calls; cloudpickled, so a function of `__main__`, of a
-            notebook cell or a closure will do. The ranks call `hvd.init()` themselves.
+        fn: what each rank calls, as `fn(*args, **kwargs)`; cloudpickled with its arguments, so a
+            function of `__main__`, of a notebook cell or a closure will do. The ranks call
+            `hvd.init()` themselves.
+        args: the positional arguments of `fn`.
+        kwargs: its keyword arguments.
         np: the number of ranks (of the first launch, for an elastic job).
         hosts: "host:slots,..." (or a list of "host:slots"), as hvdplusrun's -H.
         hostfile: as hvdplusrun's --hostfile.
-        min_np, max_np: make the job elastic, as hvdplusrun's flags do: `fn` should then train
-            through `hvd.elastic.run`, and the list holds the ranks of the job as it ended.
+        min_np: makes the job elastic, as hvdplusrun's flag does: `fn` should then train through
+            `hvd.elastic.run`, and the list holds the ranks of the job as it ended.
+        max_np: the most ranks an elastic job may grow to.
         env: variables for the ranks, on top of this process's environment.
         start_timeout: for an elastic job, how long a launch waits for --min-np usable slots
             (hvdplusrun's --elastic-timeout); a job that is not elastic waits for nothing.
