@@ -33,7 +33,7 @@ from .errors import LaunchError
 from .launch import JobIO, build_parser, launch, parse_args
 from .stop_signals import Stopped, stopping_on_signals
 
-__all__ = ["run", "RanksRaisedError", "RankFailure"]
+__all__ = ["run", "run_with_launcher", "RanksRaisedError", "RankFailure"]
 
 
 @dataclasses.dataclass
@@ -150,7 +150,13 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = No
                    max_np=max_np, verbose=bool(verbose and verbose >= 2),
                    elastic_timeout=start_timeout if start_timeout is not None else launcher_options.get(
                        "elastic_timeout"))
-    argv = _launcher_flags(options) + ["--no-exit-guard", sys.executable, "-m", "hvdplus.run_rank"]
+    return run_with_launcher(fn, args, kwargs, _launcher_flags(options), env)
+
+
+def run_with_launcher(fn: Callable, args: Sequence, kwargs: Optional[Dict[str, Any]], flags: List[str],
+                      env: Optional[Dict[str, str]]) -> List[Any]:
+    """`run`, for a job that hvdplusrun's `flags` describe (hvdplus.ray adds its own)."""
+    argv = flags + ["--no-exit-guard", sys.executable, "-m", "hvdplus.run_rank"]
     payload = function_payload.to_environment(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))))
     results = _Results()
     io = JobIO(on_message=results.take, env={**(env or {}), **payload})

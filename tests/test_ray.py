@@ -1,0 +1,102 @@
+"""hvdplus.ray on a real local Ray (`ray.init(num_cpus=2)`): the ranks of one MPI job in Ray
+actors, their results in rank order, a torch DistributedOptimizer trained through them equal to
+one process training alone, and a clear error when Ray cannot place the workers."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
+
+from hvdplus.ray import RayExecutor  # noqa: E402 (after the check for ray)
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def executor(local_ray, request):
+    workers, cpus = request.param
+    executor = RayExecutor(workers, cpus_per_worker=cpus)
+    executor.start()
+    yield executor
+    executor.shutdown()
+
+
+@pytest.mark.parametrize("executor", [(2, 1), (3, 0.5)], ids=["2-workers", "3-workers"], indirect=True)
+def test_each_ranks_return_value_comes_back_in_rank_order(executor):
+    def sums(scale):
+        import os
+
+        import numpy as np
+
+        import hvdplus as hvd
+        hvd.init()
+        return hvd.rank(), hvd.size(), os.getpid(), hvd.allreduce(np.arange(3.0) * (hvd.rank() + 1) * scale,
+                                                                   op=hvd.Sum)
+
+    results = executor.run(sums, args=(2.0,))
+    workers = executor.num_workers
+    expected = sum((rank + 1) for rank in range(workers)) * 2.0 * np.arange(3.0)
+    assert [(rank, size) for rank, size, _, _ in results] == [(rank, workers) for rank in range(workers)]
+    for _, _, _, total in results:
+        assert list(total) == list(expected)
+    # The ranks are processes of the actors' own (daemon children), one per worker.
+    assert len({pid for _, _, pid, _ in results}) == workers and all(pid != os.getpid() for _, _, pid, _ in results)
+    assert executor.execute(lambda worker: worker * 10) == [10 * index for index in range(workers)]
+
+
+@pytest.mark.parametrize("executor", [(2, 1)], ids=["2-workers"], indirect=True)
+def test_distributed_optimizer_through_ray_trains_like_one_process(executor):
+    import torch
+
+    def data():
+        generator = torch.Generator().manual_seed(5)
+        return [(torch.randn(8, 6, generator=generator), torch.randn(8, 1, generator=generator)) for _ in range(5)]
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+    def train(make_model, batches):
+        import torch
+
+        import hvdplus.torch as hvd
+        hvd.init()
+        torch.set_num_threads(1)
+        net = make_model()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+                                             named_parameters=net.named_parameters())
+        rows = slice(hvd.rank() * 4, (hvd.rank() + 1) * 4)
+        for x, y in batches:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(net(x[rows]), y[rows]).backward()
+            optimizer.step()
+        return [parameter.detach().clone() for parameter in net.parameters()]
+
+    results = executor.run(train, args=(model, data()))
+    reference = model()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for x, y in data():
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        optimizer.step()
+    for rank_parameters in results:
+        for mine, theirs in zip(rank_parameters, reference.parameters()):
+            torch.testing.assert_close(mine, theirs.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_more_workers_than_ray_has_cpus_fail_within_the_timeout(local_ray):
+    executor = RayExecutor(3, cpus_per_worker=1, start_timeout=3)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"could not place 3 workers .* within 3 s; the cluster has 2 CPUs"):
+        executor.start()
+    assert time.monotonic() - started < 10
