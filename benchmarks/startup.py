@@ -4,9 +4,10 @@
 
 A driver outside the job (it is no MPI process itself) times, in turns, jobs that only call
 `hvd.init()` and return: `hvdplusrun -np 2 python -c ...` as a subprocess, `hvdplus.run(fn, np=2)`
-in this process, and, as the floor under both, `mpirun -np 2 python -c "from mpi4py import MPI"`.
-Each figure is the median wall time from the call to its return, interpreter start-up of the
-ranks included.
+in this process, `RayExecutor(2)`'s `start()` and `run(fn)` on a local Ray started once before
+(`ray.init(num_cpus=2)`, not timed), and, as the floor under all, `mpirun -np 2 python -c "from
+mpi4py import MPI"`. Each figure is the median wall time from the call to its return,
+interpreter start-up of the ranks included.
 
 Writes benchmarks/results/startup_np2.csv (see harness.write_table).
 """
@@ -22,7 +23,9 @@ import mpi4py
 
 mpi4py.rc.initialize = False  # this driver only starts jobs; MPI runs in them
 
+import ray  # noqa: E402
 import hvdplus  # noqa: E402 (after MPI's initialization is turned off)
+from hvdplus.ray import RayExecutor  # noqa: E402
 from harness import REPOSITORY, RESULTS, library_versions, write_table  # noqa: E402
 from hvdplus.runner.launch import find_mpi  # noqa: E402
 
@@ -33,6 +36,15 @@ def init_and_return():
     import hvdplus as hvd
     hvd.init()
     return hvd.rank()
+
+
+def ray_executor_start_and_run():
+    executor = RayExecutor(2)
+    executor.start()
+    try:
+        executor.run(init_and_return)
+    finally:
+        executor.shutdown()
 
 
 def timed(start) -> float:
@@ -51,10 +63,12 @@ def main():
     parser.add_argument("--csv", metavar="PATH", help="default: benchmarks/results/startup_np2.csv")
     args = parser.parse_args()
     mpirun, dialect = find_mpi()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ways = {
         "hvdplusrun": lambda: run_quietly([sys.executable, "-m", "hvdplus.runner", "-np", "2", sys.executable,
                                            "-c", INIT_AND_RETURN]),
         "hvdplus.run": lambda: hvdplus.run(init_and_return, np=2),
+        "RayExecutor.start + run": ray_executor_start_and_run,
         "mpirun and mpi4py alone": lambda: run_quietly(
             [mpirun, *(dialect.run_as_root() if os.geteuid() == 0 else []), "-np", "2", sys.executable, "-c",
              "from mpi4py import MPI"]),
@@ -67,6 +81,7 @@ def main():
             for way, times in seconds.items()]
     for row in rows:
         print(f"  {row['way']:24s} {row['seconds']:6.2f} s   (runs: {row['runs']} s)")
+    ray.shutdown()
     write_table("startup", rows, args.csv or os.path.join(RESULTS, "startup_np2.csv"), 2,
                 "python benchmarks/startup.py", **library_versions())
 

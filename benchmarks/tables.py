@@ -286,7 +286,7 @@ def elastic(results):
 
 def startup(results):
     return markdown_table(["started by", "seconds (median)", "each run"],
-                          [[f"`{row['way']}`" if row["way"].startswith("hvdplus") else row["way"],
+                          [[row["way"] if row["way"].startswith("mpirun") else f"`{row['way']}`",
                             duration(float(row["seconds"])),
                             ", ".join(duration(float(seconds)) for seconds in row["runs"].split(";"))]
                            for row in results.rows])
