@@ -26,7 +26,7 @@ _state_numbers = itertools.count()
 
 
 class ObjectHandler:
-    """Keeps a deep copy of a picklable value; sync broadcasts it from rank 0.
+    """Keeps a deep copy of a picklable value; sync broadcasts it from one rank.
 
     A handler of another kind of value subclasses it, overriding `save`, `restore` and
     `sync` and keeping its copy in `saved`. `sync` brings the value from `root_rank`: the
@@ -181,7 +181,11 @@ class State:
 
     def _load_from_disk(self) -> None:
         """Take this host's commit on disk as the saved copies and the values."""
-        number, snapshot = self.disk_commits.read()
+        found = self.disk_commits.read()
+        if found is None:
+            raise RuntimeError(f"hvdplus: rank {runtime.rank()} found commit {self.disk_commits.newest()} in "
+                               f"{self.disk_commits.paths}, but could not read it back")
+        number, snapshot = found
         for name, handler in self._handlers.items():
             if name in snapshot:
                 setattr(self, name, handler.load(getattr(self, name), snapshot[name]))

@@ -112,6 +112,9 @@ class RayExecutor:
                 f"{available.get('GPU', 0):g} GPUs free")
         self._channel = tempfile.mkdtemp(prefix="hvdplus-ray-")
         os.mkfifo(os.path.join(self._channel, agent.REQUESTS))
+        with open(os.path.join(self._channel, "agent"), "w") as file:
+            file.write(f"#!/bin/sh\nexec {sys.executable} -m hvdplus.ray.agent \"$@\"\n")
+        os.chmod(os.path.join(self._channel, "agent"), 0o755)
         job = uuid.uuid4().hex[:8]
         self._names = [f"hvdplus-ray-{job}-{index}" for index in range(self.num_workers)]
         self._hosts = [
@@ -127,9 +130,6 @@ class RayExecutor:
         if not self._hosts:
             raise RuntimeError("RayExecutor.run before start()")
         agent_script = os.path.join(self._channel, "agent")
-        with open(agent_script, "w") as file:
-            file.write(f"#!/bin/sh\nexec {sys.executable} -m hvdplus.ray.agent \"$@\"\n")
-        os.chmod(agent_script, 0o755)
         # coll/han takes two "hosts" on one machine for one node and hangs in the first collective.
         mpi_args = f"--prtemca plm_ssh_agent {agent_script} --mca coll ^han"
         flags = ["--num-proc", str(self.num_workers), "--hosts", ",".join(f"{name}:1" for name in self._names),

@@ -37,7 +37,6 @@ DISCOVERY_SECONDS = 1.0
 _DISCOVERY_TIMEOUT_S = 30.0
 
 
-
 @dataclasses.dataclass
 class RestartRequest:
     """Why the ranks of one launch ended: "failure" (ranks died) or "hosts" (slots were added)."""

@@ -13,6 +13,7 @@ import threading
 from typing import BinaryIO, Callable, List, Optional, Sequence
 
 from ..common.launcher_messages import MessageFilter
+from .rank_output import write_output
 
 __all__ = ["OPEN_MPI_LOST_HOST", "OPEN_MPI_LOST_HOST_MARKERS", "start_watching_relay", "lost_host_names"]
 
@@ -30,17 +31,6 @@ OPEN_MPI_LOST_HOST_MARKERS = tuple(marker for marker, _ in _OPEN_MPI_MESSAGES)
 _MESSAGE_BYTES = 2048  # a message names its host within this many bytes of its start
 _READ_BYTES = 65536
 _KEPT_BYTES = 1 << 18  # of the text after the first marker, enough for the messages and hosts
-
-
-def _write(target: BinaryIO, data: bytes) -> bool:
-    """Write `data` to `target`; whether `target` still takes output."""
-    try:
-        if data:
-            target.write(data)
-            target.flush()
-        return True
-    except Exception:  # noqa: BLE001 - never stop draining (see start_watching_relay)
-        return False
 
 
 def lost_host_names(text: bytes) -> List[str]:
@@ -90,9 +80,9 @@ def start_watching_relay(source: BinaryIO, target: BinaryIO, markers: Sequence[b
                 tail = (tail + data)[-longest:] if longest else b""
                 if messages is not None:
                     data = messages.feed(data)
-                target_open = target_open and _write(target, data)
+                target_open = target_open and write_output(target, data)
             if messages is not None:
-                target_open = target_open and _write(target, messages.close())
+                target_open = target_open and write_output(target, messages.close())
         finally:
             at_end.set()
 

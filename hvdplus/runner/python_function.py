@@ -147,9 +147,9 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = No
     """
     host_list = ",".join(hosts) if isinstance(hosts, (list, tuple)) else hosts
     options = dict(launcher_options, num_proc=np, hosts=host_list, hostfile=hostfile, min_np=min_np,
-                   max_np=max_np, verbose=bool(verbose and verbose >= 2),
-                   elastic_timeout=start_timeout if start_timeout is not None else launcher_options.get(
-                       "elastic_timeout"))
+                   max_np=max_np, verbose=bool(verbose and verbose >= 2))
+    if start_timeout is not None:
+        options["elastic_timeout"] = start_timeout
     return run_with_launcher(fn, args, kwargs, _launcher_flags(options), env)
 
 

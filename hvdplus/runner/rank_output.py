@@ -23,7 +23,7 @@ from typing import BinaryIO, Callable, Dict, List, Optional
 
 from ..common.launcher_messages import MessageFilter
 
-__all__ = ["MARKER_PATTERN", "RankLineTagger", "start_relay"]
+__all__ = ["MARKER_PATTERN", "RankLineTagger", "start_relay", "write_output"]
 
 # Hydra replaces %r with the rank.
 MARKER_PATTERN = "\x1f[%r] \x1f"
@@ -134,6 +134,18 @@ class RankLineTagger:
         return True
 
 
+def write_output(target: BinaryIO, data: bytes) -> bool:
+    """Write `data` to `target`; whether `target` still takes output. A reader that is gone
+    (`hvdplusrun ... | head`) must not stop the relays, which drain mpirun's pipes to their end."""
+    try:
+        if data:
+            target.write(data)
+            target.flush()
+        return True
+    except Exception:  # noqa: BLE001 - never stop draining
+        return False
+
+
 def start_relay(source: BinaryIO, target: BinaryIO,
                 on_message: Optional[Callable[[dict], None]] = None) -> threading.Thread:
     """Copy the marked stream `source` to `target` as tagged lines until it ends, in a thread;
@@ -155,20 +167,15 @@ def start_relay(source: BinaryIO, target: BinaryIO,
         try:
             while True:
                 data = os.read(fd, _READ_BYTES)
-                if target_open:
-                    try:
-                        if data:
-                            tagger.feed(data)
-                        else:
-                            tagger.close()
-                            if messages is not None:
-                                finished.append(messages.close())
-                        if finished:
-                            target.write(b"".join(finished))
-                            target.flush()
-                    except Exception:  # noqa: BLE001 - never stop draining (see above)
-                        target_open = False
-                    finished.clear()
+                # Parsed even once `target` is gone: the ranks' messages must still arrive.
+                if data:
+                    tagger.feed(data)
+                else:
+                    tagger.close()
+                    if messages is not None:
+                        finished.append(messages.close())
+                target_open = target_open and write_output(target, b"".join(finished))
+                finished.clear()
                 if not data:
                     break
         finally:
