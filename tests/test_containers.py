@@ -101,7 +101,11 @@ def test_an_elastic_job_resumes_from_its_last_commit_without_rank_0s_container(h
             assert time.monotonic() < deadline, "the job never reached step 3"
             time.sleep(0.5)
         cluster.podman("kill", nodes.names[0])
-        output, _ = job.communicate(timeout=240)
+        try:
+            output, _ = job.communicate(timeout=240)
+        except cluster.subprocess.TimeoutExpired:
+            job.kill()
+            raise AssertionError("the job did not end within 240 s of the kill:\n" + job.communicate()[0][-8000:])
     finally:
         job.kill()
     assert job.returncode == 0, output[-6000:]

@@ -6,6 +6,7 @@ Every job must end with exit 0, every sample committed exactly once per epoch, a
 final weights equal to a numpy replay of the steps it committed, at the sizes expected."""
 
 import os
+import re
 import signal
 import sys
 
@@ -64,7 +65,10 @@ def test_too_few_survivors_restart_after_waiting_for_slots(mpi_job, tmp_path):
     result = mpi_job(3, [sys.executable, SCRIPT, out, "--kill", "1:2:step", "--kill", "2:2:step"],
                      launcher_args=["--min-np", "2", "--elastic-timeout", "2"], timeout=120)
     assert result.returncode == 2, result.stderr[-4000:]
-    assert "fewer than --min-np 2" in result.stderr
+    # The wait is said when it starts, not only when it ends.
+    assert re.search(r"only 1 usable slots, fewer than --min-np 2; waiting up to \d s more for hosts\n"
+                     r"(.*\n)*.*only 1 usable slots, fewer than --min-np 2, after waiting 2 s", result.stderr), \
+        result.stderr[-4000:]
 
 
 def test_growing_restarts_on_the_new_slots_at_a_commit(mpi_job, tmp_path):

@@ -196,11 +196,12 @@ class _Launches:
                 hosts = self.available()
                 if total_slots(hosts) >= needed:
                     return hosts
-                problem = f"only {total_slots(hosts)} usable slots, fewer than --min-np {needed}"
+                found = f"only {total_slots(hosts)} usable slots, fewer than --min-np {needed}"
             except LaunchError as error:  # a discovery script that fails now may work later
-                if str(error) != problem:
-                    _say(str(error))
-                problem = str(error)
+                found = str(error)
+            if found != problem:  # a wait is never silent: each new reason is said once
+                _say(f"{found}; waiting up to {deadline - time.monotonic():.0f} s more for hosts")
+            problem = found
             if time.monotonic() >= deadline:
                 raise LaunchError(f"{problem}, after waiting {self.options.elastic_timeout:.0f} s")
             time.sleep(DISCOVERY_SECONDS)

@@ -112,9 +112,20 @@ class Cluster:
                 podman("run", "-d", "--name", name, "--hostname", name, "--network", self.network,
                        "-v", f"{self.key}:/run/hvdplus/job_key:ro", "-v", f"{self.key}.pub:/run/hvdplus/job_key.pub:ro",
                        *volumes, IMAGE, "sleep", "infinity")
+            self._write_hosts_files()
         except BaseException:
             self.remove()
             raise
+
+    def _write_hosts_files(self):
+        """Every container's name and address in each container's /etc/hosts. Names then resolve
+        without the network's DNS server, which fails lookups for a moment while it reloads after
+        a container is killed: a restart that lands in that moment would leave out a live host."""
+        addresses = {name: podman("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                                  name).stdout.strip() for name in self.names}
+        lines = "".join(f"{address} {name}\n" for name, address in addresses.items())
+        for name in self.names:
+            podman("exec", "-u", "root", name, "sh", "-c", f"printf '%s' '{lines}' >> /etc/hosts")
 
     def run(self, *command, timeout=120):
         """`command` as the user hvd in the first container; the CompletedProcess."""
