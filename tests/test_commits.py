@@ -51,3 +51,16 @@ def test_a_commit_that_cannot_be_written_raises_at_the_next_wait(tmp_path):
     commits.write_in_background(1, {"value": lambda: None})  # a lambda cannot be pickled
     with pytest.raises(OSError, match="could not write a commit"):
         commits.wait()
+
+
+def test_nodes_that_share_a_machine_keep_commits_apart(tmp_path, monkeypatch):
+    # Ray's workers are nodes of their own to hvdplus (HVDPLUS_NODE_ID) on one machine: the
+    # local rank 0 of each writes its commits, and two writers must not share files.
+    folders = []
+    for node in ["hvdplus-ray-1", "hvdplus/ray 2"]:
+        monkeypatch.setenv("HVDPLUS_NODE_ID", node)
+        folders.append(host_folder(str(tmp_path)))
+    HostCommits(folders[0], 0).write(1, {"from": 0})
+    HostCommits(folders[1], 0).write(1, {"from": 1})
+    assert [HostCommits(folder, 0).read() for folder in folders] == [(1, {"from": 0}), (1, {"from": 1})]
+    assert os.path.basename(folders[1]) == "node-hvdplus_ray_2"

@@ -33,15 +33,23 @@ _SLOTS = ("a", "b")
 
 
 def host_folder(job_folder: str) -> str:
-    """This host's commit folder for the job whose launcher keeps `job_folder`."""
-    folder = os.path.join(job_folder, "commits")
+    """This host's commit folder for the job whose launcher keeps `job_folder`. Processes that
+    hvdplus counts as nodes of their own on one machine (HVDPLUS_NODE_ID, as on Ray) each keep
+    a folder of their own: each node has a writer, and two must not share files."""
+    folder = os.path.join(job_folder, "commits", *_node_folder())
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError:
         # The launcher's temporary folder may lie where this host lets no one write.
-        folder = os.path.join(tempfile.gettempdir(), os.path.basename(job_folder.rstrip(os.sep)), "commits")
+        folder = os.path.join(tempfile.gettempdir(), os.path.basename(job_folder.rstrip(os.sep)), "commits",
+                              *_node_folder())
         os.makedirs(folder, exist_ok=True)
     return folder
+
+
+def _node_folder() -> list:
+    node = os.environ.get("HVDPLUS_NODE_ID")
+    return ["node-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in node)] if node else []
 
 
 class HostCommits:

@@ -60,6 +60,10 @@ class RanksRaisedError(RuntimeError):
             lines.append(f"\n-- rank {failure.rank}'s traceback --\n{failure.traceback.rstrip()}")
         super().__init__("\n".join(lines))
 
+    def __reduce__(self):
+        # Rebuilt from its own arguments, so that it travels (through Ray's object store).
+        return type(self), (self.failures, self.status)
+
 
 class _Results:
     """The ranks' messages to the caller, as they arrive (from the launcher's output threads)."""

@@ -12,7 +12,7 @@ once the job's processes are gone.
 import contextlib
 import signal
 import threading
-from typing import Iterator
+from typing import Any, Dict, Iterator
 
 __all__ = ["STOP_SIGNALS", "Stopped", "stopping_on_signals"]
 
@@ -35,16 +35,26 @@ def _raise_stopped(signum, _frame):
     raise Stopped(signum)
 
 
+def replace_handlers(handler) -> Dict[int, Any]:
+    """`handler` for the stop signals; the handlers it replaced, for `restore_handlers`. Signal
+    handlers belong to the main thread: elsewhere (a driver's thread that starts a job) this
+    installs nothing, and the caller's own thread handles nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+
+
+def restore_handlers(previous: Dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
 @contextlib.contextmanager
 def stopping_on_signals() -> Iterator[None]:
-    """Inside the block, SIGINT and SIGTERM raise `Stopped`; the handlers from before come back
-    after it. Signal handlers belong to the main thread: elsewhere the block changes nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, _raise_stopped) for signum in STOP_SIGNALS}
+    """Inside the block, SIGINT and SIGTERM raise `Stopped` (in the main thread); the handlers
+    from before come back after it."""
+    previous = replace_handlers(_raise_stopped)
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        restore_handlers(previous)

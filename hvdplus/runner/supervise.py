@@ -21,7 +21,7 @@ from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .lost_hosts import lost_host_names, start_watching_relay
 from .rank_output import start_relay
-from .stop_signals import STOP_SIGNALS, Stopped
+from .stop_signals import Stopped, replace_handlers, restore_handlers
 
 __all__ = ["run_supervised", "exit_status", "kill_session", "KILL_AFTER_SECONDS"]
 
@@ -100,7 +100,7 @@ def run_supervised(
             child.send_signal(signum)
 
     # In place before mpirun starts, so that no signal finds the launcher between the two.
-    previous = {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
+    previous = replace_handlers(forward)
     relays = []
     try:
         child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe, stderr=pipe)
@@ -131,8 +131,7 @@ def run_supervised(
             # output a while, then for the rest of it to be written, however long that takes.
             if relay.at_end.wait(RELAY_DRAIN_SECONDS):
                 relay.join()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        restore_handlers(previous)
     if received:
         raise Stopped(received[0][0])
     lost = [relay for relay in relays if getattr(relay, "seen", None) and relay.seen.is_set()]
