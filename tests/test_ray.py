@@ -10,9 +10,12 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
 
+from elastic_jobs import replay  # noqa: E402
 from hvdplus.ray import RayExecutor  # noqa: E402 (after the check for ray)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
+
+ELASTIC_JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_jobs", "numpy_train.py")
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +23,14 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def executor_2(local_ray):
+    executor = RayExecutor(2)
+    executor.start()
+    yield executor
+    executor.shutdown()
 
 
 @pytest.fixture
@@ -100,3 +111,49 @@ def test_more_workers_than_ray_has_cpus_fail_within_the_timeout(local_ray):
     with pytest.raises(TimeoutError, match=r"could not place 3 workers .* within 3 s; the cluster has 2 CPUs"):
         executor.start()
     assert time.monotonic() - started < 10
+
+
+def test_run_remote_hands_back_one_reference_per_rank(executor_2):
+    def identify(offset):
+        import hvdplus as hvd
+        hvd.init()
+        return hvd.rank() + offset
+
+    references = executor_2.run_remote(identify, args=(10,))
+    assert len(references) == 2 and ray.get(references, timeout=60) == [10, 11]
+
+
+def test_an_elastic_job_survives_a_killed_actor_from_its_last_commit(local_ray, tmp_path, capfd):
+    # ray.kill of a worker's actor takes its daemon with it: to Open MPI a lost host, which ends
+    # every rank. The launcher restarts the job on the worker left, which resumes from the last
+    # commit on its disk, and grows back onto the actor Ray places in the dead one's bundle.
+    def run_script(path, *argv):  # defined here, cloudpickle sends it whole to the ranks
+        import runpy
+        import sys
+        sys.path.insert(0, os.path.dirname(path))
+        sys.argv = [path, *argv]
+        runpy.run_path(path, run_name="__main__")
+
+    executor = RayExecutor(2, min_workers=1)
+    executor.start()
+    out = str(tmp_path / "result.json")
+    try:
+        references = executor.run_remote(run_script, args=(ELASTIC_JOB, out, "--step-seconds", "0.15"))
+        deadline = time.monotonic() + 60
+        while not os.path.exists(out + ".starts") or len(open(out + ".starts").read().split()) < 4:
+            assert time.monotonic() < deadline, "the job never reached step 4"
+            time.sleep(0.05)
+        victim = executor.workers[1]
+        ray.kill(victim)
+        ray.get(references, timeout=120)
+        assert victim not in executor.workers and len(executor.workers) == 2
+    finally:
+        executor.shutdown()
+    trained = replay.load(out)
+    replay.check_every_sample_once(trained)
+    replay.check_weights(trained)
+    sizes = replay.sizes(trained)
+    # Two ranks, one after the kill, two again once the new actor is up.
+    assert sizes[:4] == [2] * 4 and 1 in sizes and sizes[-1] == 2, sizes
+    output = capfd.readouterr().err
+    assert "the job lost a host; restart 1 of at most 3" in output and "restarting the job on the new slots" in output

@@ -16,7 +16,9 @@ actor, and the rank inside the daemon. So the ranks form one MPI job, and every 
 collective, algorithm and adapter works as under hvdplusrun.
 """
 
+import asyncio
 import ctypes
+import itertools
 import json
 import os
 import shutil
@@ -80,48 +82,57 @@ class RayExecutor:
         placement_strategy: Ray's placement strategy for the workers' bundles: "PACK" (as few
             nodes as can hold them) or "SPREAD".
         start_timeout: seconds `start` waits for Ray to place every worker.
+        min_workers: makes the job elastic (its function uses `hvdplus.elastic.run`): it goes on
+            while at least this many workers live. A worker whose actor dies is a lost host to
+            the job, which restarts from its last commit on the workers left, and grows back
+            once Ray has placed a new actor in the dead one's place.
+        max_restarts: how many times an elastic job restarts before it fails.
     """
 
     def __init__(self, num_workers: int, cpus_per_worker: float = 1, use_gpu: bool = False,
                  gpus_per_worker: Optional[float] = None, env: Optional[Dict[str, str]] = None,
-                 placement_strategy: str = "PACK", start_timeout: float = 30.0):
+                 placement_strategy: str = "PACK", start_timeout: float = 30.0,
+                 min_workers: Optional[int] = None, max_restarts: int = 3):
+        if min_workers is not None and not 1 <= min_workers <= num_workers:
+            raise ValueError(f"RayExecutor: min_workers={min_workers} must lie in 1..num_workers={num_workers}")
         self.num_workers = num_workers
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
         self.env = dict(env or {})
         self.placement_strategy = placement_strategy
         self.start_timeout = start_timeout
-        self._hosts: List[Any] = []
-        self._names: List[str] = []
+        self.min_workers = min_workers
+        self.max_restarts = max_restarts
+        self._hosts: Dict[str, Any] = {}  # the live workers' actors by host name, in rank order
+        self._bundles: Dict[str, int] = {}
+        self._numbers = itertools.count()
+        self._job = uuid.uuid4().hex[:8]
+        self._lock = threading.Lock()
+        self._running = threading.Lock()
         self._group = None
         self._channel: Optional[str] = None
         self._listener: Optional[threading.Thread] = None
+        self._mailboxes: List[Any] = []
 
     # -- Horovod's RayExecutor API ----------------------------------------------------------
     def start(self) -> None:
         """Place the workers (all or none, within `start_timeout`) and start their actors."""
-        bundle = {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.gpus_per_worker else {})}
-        self._group = placement_group([bundle] * self.num_workers, strategy=self.placement_strategy)
+        self._group = placement_group([self._bundle()] * self.num_workers, strategy=self.placement_strategy)
         ready, _ = ray.wait([self._group.ready()], timeout=self.start_timeout)
         if not ready:
             available = ray.available_resources()
             self.shutdown()
             raise TimeoutError(
-                f"RayExecutor: Ray could not place {self.num_workers} workers of {bundle} within "
+                f"RayExecutor: Ray could not place {self.num_workers} workers of {self._bundle()} within "
                 f"{self.start_timeout:.0f} s; the cluster has {available.get('CPU', 0):g} CPUs and "
                 f"{available.get('GPU', 0):g} GPUs free")
         self._channel = tempfile.mkdtemp(prefix="hvdplus-ray-")
         os.mkfifo(os.path.join(self._channel, agent.REQUESTS))
-        with open(os.path.join(self._channel, "agent"), "w") as file:
-            file.write(f"#!/bin/sh\nexec {sys.executable} -m hvdplus.ray.agent \"$@\"\n")
-        os.chmod(os.path.join(self._channel, "agent"), 0o755)
-        job = uuid.uuid4().hex[:8]
-        self._names = [f"hvdplus-ray-{job}-{index}" for index in range(self.num_workers)]
-        self._hosts = [
-            _Host.options(num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
-                          scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, index)).remote(self.env)
-            for index in range(self.num_workers)]
-        ray.get([host.node_ip.remote() for host in self._hosts])
+        _write_script(os.path.join(self._channel, "agent"), f"exec {sys.executable} -m hvdplus.ray.agent \"$@\"")
+        _write_script(os.path.join(self._channel, "discover"), f"cat {os.path.join(self._channel, 'hosts')}")
+        actors = [self._add_host(bundle) for bundle in range(self.num_workers)]
+        ray.get([actor.node_ip.remote() for actor in actors])
+        self._write_hosts()
         self._listener = threading.Thread(target=self._serve_agents, name="hvdplus-ray-agents", daemon=True)
         self._listener.start()
 
@@ -129,21 +140,50 @@ class RayExecutor:
         """Call `fn(*args, **kwargs)` on every rank; return the ranks' return values in rank order."""
         if not self._hosts:
             raise RuntimeError("RayExecutor.run before start()")
-        agent_script = os.path.join(self._channel, "agent")
-        # coll/han takes two "hosts" on one machine for one node and hangs in the first collective.
-        mpi_args = f"--prtemca plm_ssh_agent {agent_script} --mca coll ^han"
-        flags = ["--num-proc", str(self.num_workers), "--hosts", ",".join(f"{name}:1" for name in self._names),
-                 "--mpi-args", mpi_args]
-        return run_with_launcher(fn, args, kwargs, flags, {**self.env, agent.CHANNEL_ENV: self._channel})
+        if not self._running.acquire(blocking=False):
+            raise RuntimeError("RayExecutor runs one job at a time: another run is in progress")
+        try:
+            return run_with_launcher(fn, args, kwargs, self._launcher_flags(),
+                                     {**self.env, agent.CHANNEL_ENV: self._channel})
+        finally:
+            self._running.release()
+
+    def run_remote(self, fn: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = None) -> List[Any]:
+        """Start `run(fn, args, kwargs)` and return at once: one Ray object reference per rank,
+        each ready when the job ends, with that rank's return value (`ray.get` raises the job's
+        error)."""
+        if not self._hosts:
+            raise RuntimeError("RayExecutor.run_remote before start()")
+        mailbox = _Results.remote()
+        self._mailboxes.append(mailbox)
+        references = [mailbox.result.remote(rank) for rank in range(self.num_workers)]
+
+        def run_and_post():
+            try:
+                results, error = self.run(fn, args, kwargs), None
+            except BaseException as raised:  # noqa: BLE001 - handed to whoever gets a reference
+                results, error = None, raised
+            ray.get(mailbox.post.remote(results, error))
+
+        threading.Thread(target=run_and_post, name="hvdplus-ray-run-remote", daemon=True).start()
+        return references
+
+    @property
+    def workers(self) -> List[Any]:
+        """The live workers' actors, in rank order."""
+        with self._lock:
+            return list(self._hosts.values())
 
     def execute(self, fn: Callable[[Any], Any]) -> List[Any]:
         """`fn(worker)` on each worker's actor, outside MPI; the results in worker order."""
-        return ray.get([host.execute.remote(fn, index) for index, host in enumerate(self._hosts)])
+        return ray.get([actor.execute.remote(fn, index) for index, actor in enumerate(self.workers)])
 
     def shutdown(self) -> None:
-        for host in self._hosts:
-            ray.kill(host)
-        self._hosts = []
+        with self._lock:
+            actors, self._hosts = list(self._hosts.values()), {}
+        for actor in actors + self._mailboxes:
+            ray.kill(actor)
+        self._mailboxes = []
         if self._group is not None:
             remove_placement_group(self._group)
             self._group = None
@@ -154,11 +194,61 @@ class RayExecutor:
             shutil.rmtree(self._channel, ignore_errors=True)
             self._channel = None
 
+    # -- the workers -----------------------------------------------------------------------------
+    def _bundle(self) -> Dict[str, float]:
+        return {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.gpus_per_worker else {})}
+
+    def _launcher_flags(self) -> List[str]:
+        # coll/han takes two "hosts" on one machine for one node and hangs in the first collective.
+        flags = ["--num-proc", str(self.num_workers),
+                 "--mpi-args", f"--prtemca plm_ssh_agent {os.path.join(self._channel, 'agent')} --mca coll ^han"]
+        if self.min_workers is None:
+            with self._lock:
+                return flags + ["--hosts", ",".join(f"{name}:1" for name in self._hosts)]
+        # The launcher's host discovery reads the live workers, which _replace keeps current.
+        return flags + ["--min-np", str(self.min_workers), "--max-np", str(self.num_workers),
+                        "--max-restarts", str(self.max_restarts),
+                        "--host-discovery-script", os.path.join(self._channel, "discover")]
+
+    def _add_host(self, bundle: int) -> Any:
+        """A new worker's actor in placement bundle `bundle`, under a host name never used before."""
+        name = f"hvdplus-ray-{self._job}-{next(self._numbers)}"
+        actor = _Host.options(num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
+                              scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, bundle)
+                              ).remote(self.env)
+        with self._lock:
+            self._hosts[name] = actor
+            self._bundles[name] = bundle
+        return actor
+
+    def _write_hosts(self) -> None:
+        with self._lock:
+            lines = "".join(f"{name}:1\n" for name in self._hosts)
+        path = os.path.join(self._channel, "hosts")
+        with open(path + ".tmp", "w") as file:
+            file.write(lines)
+        os.replace(path + ".tmp", path)
+
+    def _replace(self, name: str) -> None:
+        """Put a new actor in the place of the dead worker `name`; list it for the launcher's
+        discovery once Ray has placed it."""
+        with self._lock:
+            if self._hosts.pop(name, None) is None or self._channel is None:
+                return  # shut down, or replaced already
+            bundle = self._bundles.pop(name)
+        self._write_hosts()
+        actor = self._add_host(bundle)
+        try:
+            ray.get(actor.node_ip.remote())
+        except Exception:  # noqa: BLE001 - shut down meanwhile: there is nothing to list
+            return
+        if self._channel is not None:
+            self._write_hosts()
+
     # -- the launch agents' requests -----------------------------------------------------------
     def _serve_agents(self) -> None:
         """Hand each launch agent's daemon command to the actor of its host, until shutdown
         sends an empty line."""
-        hosts = dict(zip(self._names, self._hosts))
         # Opened for writing too, so that the pipe never ends between two agents' writes.
         with os.fdopen(os.open(os.path.join(self._channel, agent.REQUESTS), os.O_RDWR)) as requests:
             for line in requests:
@@ -168,14 +258,55 @@ class RayExecutor:
                 with open(path) as file:
                     request = json.load(file)
                 os.unlink(path)
-                reference = hosts[request["host"]].run_daemon.remote(request["command"], request["host"])
-                threading.Thread(target=_answer, args=(reference, request["reply"]), daemon=True).start()
+                with self._lock:
+                    actor = self._hosts.get(request["host"])
+                if actor is None:  # a worker that died since the launcher read the hosts
+                    _reply(request["reply"], 255)
+                    continue
+                reference = actor.run_daemon.remote(request["command"], request["host"])
+                threading.Thread(target=self._answer, args=(reference, request["host"], request["reply"]),
+                                 daemon=True).start()
+
+    def _answer(self, reference, host: str, reply: str) -> None:
+        """Tell the agent of `host` how its daemon ended, as ssh would; replace the worker if its
+        actor died with it (an elastic job then grows back onto the new one)."""
+        try:
+            status = ray.get(reference)
+        except ray.exceptions.RayActorError:  # the actor died, and the daemon with it
+            status = 255
+            if self.min_workers is not None:
+                threading.Thread(target=self._replace, args=(host,), daemon=True).start()
+        except Exception:  # noqa: BLE001 - the daemon could not run: the agent fails as ssh would
+            status = 255
+        _reply(reply, status)
 
 
-def _answer(reference, reply: str) -> None:
-    try:
-        status = ray.get(reference)
-    except Exception:  # noqa: BLE001 - the actor died: the daemon with it
-        status = 255
-    with open(reply, "w") as file:
+@ray.remote(num_cpus=0)
+class _Results:
+    """Holds a job's per-rank results for `run_remote`'s references, which wait for them."""
+
+    def __init__(self):
+        self._posted = asyncio.Event()
+        self._results: Optional[List[Any]] = None
+        self._error: Optional[BaseException] = None
+
+    async def post(self, results: Optional[List[Any]], error: Optional[BaseException]) -> None:
+        self._results, self._error = results, error
+        self._posted.set()
+
+    async def result(self, rank: int) -> Any:
+        await self._posted.wait()
+        if self._error is not None:
+            raise self._error
+        return self._results[rank]
+
+
+def _reply(path: str, status: int) -> None:
+    with open(path, "w") as file:
         file.write(f"{status}\n")
+
+
+def _write_script(path: str, command: str) -> None:
+    with open(path, "w") as file:
+        file.write(f"#!/bin/sh\n{command}\n")
+    os.chmod(path, 0o755)
