@@ -60,6 +60,7 @@ BENCHMARKS = (
     Benchmark("autotune_np2.csv", "HOROVOD_AUTOTUNE=1 hvdplusrun -np 2 python benchmarks/autotune.py"),
     Benchmark("multihost_np4.csv", "python benchmarks/multihost.py"),
     Benchmark("startup_np2.csv", "python benchmarks/startup.py"),
+    Benchmark("ray_recovery_np2.csv", "python benchmarks/ray_recovery.py"),
 )
 
 

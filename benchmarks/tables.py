@@ -292,6 +292,13 @@ def startup(results):
                            for row in results.rows])
 
 
+def ray_recovery(results):
+    return markdown_table(["job", "ray.kill to the next step done (median)", "each run"],
+                          [[row["way"], duration(float(row["seconds"])),
+                            ", ".join(duration(float(seconds)) for seconds in row["runs"].split(";"))]
+                           for row in results.rows])
+
+
 # The size whose all-reduce README quotes: large enough to be bandwidth-bound (or the largest measured below it).
 SUMMARY_BYTES = 64 * MIB
 
@@ -383,6 +390,7 @@ TABLES = {
     "autotune": Table(("autotune_np2.csv",), autotune),
     "elastic": Table(("elastic_np2.csv",), elastic),
     "startup": Table(("startup_np2.csv",), startup),
+    "ray_recovery": Table(("ray_recovery_np2.csv",), ray_recovery),
     "summary": Table(("torch_training_np2.csv", "tensorflow_training_np2.csv", "keras_training_torch_np2.csv",
                       "engine_np2.csv", "collectives_np2.csv"), summary),
 }

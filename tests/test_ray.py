@@ -123,22 +123,43 @@ def test_run_remote_hands_back_one_reference_per_rank(executor_2):
     assert len(references) == 2 and ray.get(references, timeout=60) == [10, 11]
 
 
-def test_an_elastic_job_survives_a_killed_actor_from_its_last_commit(local_ray, tmp_path, capfd):
-    # ray.kill of a worker's actor takes its daemon with it: to Open MPI a lost host, which ends
-    # every rank. The launcher restarts the job on the worker left, which resumes from the last
-    # commit on its disk, and grows back onto the actor Ray places in the dead one's bundle.
-    def run_script(path, *argv):  # defined here, cloudpickle sends it whole to the ranks
+def script_runner():
+    """A function that runs the script at `path` as a rank's __main__, with `argv`. Made inside
+    a function, cloudpickle sends it whole: the ranks cannot import this module."""
+    def run_script(path, *argv):
         import runpy
         import sys
         sys.path.insert(0, os.path.dirname(path))
         sys.argv = [path, *argv]
         runpy.run_path(path, run_name="__main__")
+    return run_script
 
+
+def test_an_elastic_job_goes_on_in_place_without_a_dead_rank(local_ray, tmp_path, capfd):
+    # The rank's process dies (SIGKILL, from the job itself), its actor and daemon live: ULFM.
     executor = RayExecutor(2, min_workers=1)
     executor.start()
     out = str(tmp_path / "result.json")
     try:
-        references = executor.run_remote(run_script, args=(ELASTIC_JOB, out, "--step-seconds", "0.15"))
+        executor.run(script_runner(), args=(ELASTIC_JOB, out, "--kill", "1:3:step"))
+    finally:
+        executor.shutdown()
+    trained = replay.load(out)
+    replay.check_every_sample_once(trained)
+    replay.check_weights(trained)
+    assert replay.sizes(trained) == [2] * 3 + [1] * (len(replay.sizes(trained)) - 3), replay.sizes(trained)
+    assert "restart" not in capfd.readouterr().err
+
+
+def test_an_elastic_job_survives_a_killed_actor_from_its_last_commit(local_ray, tmp_path, capfd):
+    # ray.kill of a worker's actor takes its daemon with it: to Open MPI a lost host, which ends
+    # every rank. The launcher restarts the job on the worker left, which resumes from the last
+    # commit on its disk, and grows back onto the actor Ray places in the dead one's bundle.
+    executor = RayExecutor(2, min_workers=1)
+    executor.start()
+    out = str(tmp_path / "result.json")
+    try:
+        references = executor.run_remote(script_runner(), args=(ELASTIC_JOB, out, "--step-seconds", "0.15"))
         deadline = time.monotonic() + 60
         while not os.path.exists(out + ".starts") or len(open(out + ".starts").read().split()) < 4:
             assert time.monotonic() < deadline, "the job never reached step 4"
