@@ -1,13 +1,17 @@
-"""hvdplus on Ray: `RayExecutor` runs the ranks of one MPI job in Ray actors (pip `ray`).
+"""hvdplus on Ray (pip `ray`): `RayExecutor` runs the ranks of one MPI job in Ray actors, and
+`HvdplusConfig` is the Ray Train backend whose training workers are the ranks of one MPI job.
 
-Loaded on first use, so that the launch agent (`python -m hvdplus.ray.agent`) imports no Ray."""
+Loaded on first use, so that the launch agent (`python -m hvdplus.ray.agent`) and the placeholder
+rank (`python -m hvdplus.ray.placeholder`) import no Ray."""
 
 import importlib
 
-__all__ = ["RayExecutor"]
+__all__ = ["RayExecutor", "HvdplusConfig"]
 
 
 def __getattr__(name):
     if name == "RayExecutor":
         return importlib.import_module("hvdplus.ray.executor").RayExecutor
+    if name == "HvdplusConfig":
+        return importlib.import_module("hvdplus.ray.train_backend").HvdplusConfig
     raise AttributeError(f"module 'hvdplus.ray' has no attribute {name!r}")

@@ -17,15 +17,8 @@ collective, algorithm and adapter works as under hvdplusrun.
 """
 
 import asyncio
-import ctypes
 import itertools
-import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -35,17 +28,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ..runner.python_function import run_with_launcher
-from . import agent
+from .channel import AgentChannel, DaemonRequest, start_daemon
 
 __all__ = ["RayExecutor"]
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In a child of the actor: end with SIGKILL when the actor's process ends (ray.kill
-    SIGKILLs an actor, and would leave its daemon and ranks running)."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @ray.remote
@@ -56,12 +41,8 @@ class _Host:
         os.environ.update(env)
 
     def run_daemon(self, command: str, host: str) -> int:
-        """Run mpirun's daemon `command` (a shell command line) to its end; its status. The
-        ranks it starts inherit HVDPLUS_NODE_ID: hvdplus then counts each worker as a node of
-        its own, since Open MPI, which takes each for a host, cannot share memory between them
-        (its split of the job by shared memory waits forever there)."""
-        env = dict(os.environ, HVDPLUS_NODE_ID=host)
-        return subprocess.run(["/bin/sh", "-c", command], env=env, preexec_fn=_die_with_parent).returncode
+        """Run mpirun's daemon `command` (a shell command line) for `host` to its end; its status."""
+        return start_daemon(command, host).wait()
 
     def execute(self, fn: Callable, worker: Any) -> Any:
         return fn(worker)
@@ -110,7 +91,7 @@ class RayExecutor:
         self._lock = threading.Lock()
         self._running = threading.Lock()
         self._group = None
-        self._channel: Optional[str] = None
+        self._channel: Optional[AgentChannel] = None
         self._listener: Optional[threading.Thread] = None
         self._mailboxes: List[Any] = []
 
@@ -126,10 +107,8 @@ class RayExecutor:
                 f"RayExecutor: Ray could not place {self.num_workers} workers of {self._bundle()} within "
                 f"{self.start_timeout:.0f} s; the cluster has {available.get('CPU', 0):g} CPUs and "
                 f"{available.get('GPU', 0):g} GPUs free")
-        self._channel = tempfile.mkdtemp(prefix="hvdplus-ray-")
-        os.mkfifo(os.path.join(self._channel, agent.REQUESTS))
-        _write_script(os.path.join(self._channel, "agent"), f"exec {sys.executable} -m hvdplus.ray.agent \"$@\"")
-        _write_script(os.path.join(self._channel, "discover"), f"cat {os.path.join(self._channel, 'hosts')}")
+        self._channel = AgentChannel()
+        _write_script(self._path("discover"), f"cat {self._path('hosts')}")
         actors = [self._add_host(bundle) for bundle in range(self.num_workers)]
         ray.get([actor.node_ip.remote() for actor in actors])
         self._write_hosts()
@@ -143,8 +122,7 @@ class RayExecutor:
         if not self._running.acquire(blocking=False):
             raise RuntimeError("RayExecutor runs one job at a time: another run is in progress")
         try:
-            return run_with_launcher(fn, args, kwargs, self._launcher_flags(),
-                                     {**self.env, agent.CHANNEL_ENV: self._channel})
+            return run_with_launcher(fn, args, kwargs, self._launcher_flags(), {**self.env, **self._channel.env})
         finally:
             self._running.release()
 
@@ -188,27 +166,30 @@ class RayExecutor:
             remove_placement_group(self._group)
             self._group = None
         if self._channel is not None:
-            # Wake the listener with an empty line, then remove the folder.
-            with open(os.path.join(self._channel, agent.REQUESTS), "w") as requests:
-                requests.write("\n")
-            shutil.rmtree(self._channel, ignore_errors=True)
+            self._channel.close()  # which ends the listener
             self._channel = None
 
     # -- the workers -----------------------------------------------------------------------------
+    def _path(self, name: str) -> str:
+        return os.path.join(self._channel.path, name)
+
     def _bundle(self) -> Dict[str, float]:
         return {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.gpus_per_worker else {})}
 
     def _launcher_flags(self) -> List[str]:
-        # coll/han takes two "hosts" on one machine for one node and hangs in the first collective.
-        flags = ["--num-proc", str(self.num_workers),
-                 "--mpi-args", f"--prtemca plm_ssh_agent {os.path.join(self._channel, 'agent')} --mca coll ^han"]
+        # mpirun starts every daemon itself, through the agent (a daemon that started others would
+        # need the driver's channel where it runs). coll/han takes two "hosts" on one machine for
+        # one node and hangs in the first collective.
+        mpi_args = f"--prtemca plm_ssh_agent {self._channel.agent_script} --prtemca plm_ssh_no_tree_spawn 1 " \
+                   "--mca coll ^han"
+        flags = ["--num-proc", str(self.num_workers), "--mpi-args", mpi_args]
         if self.min_workers is None:
             with self._lock:
                 return flags + ["--hosts", ",".join(f"{name}:1" for name in self._hosts)]
         # The launcher's host discovery reads the live workers, which _replace keeps current.
         return flags + ["--min-np", str(self.min_workers), "--max-np", str(self.num_workers),
                         "--max-restarts", str(self.max_restarts),
-                        "--host-discovery-script", os.path.join(self._channel, "discover")]
+                        "--host-discovery-script", self._path("discover")]
 
     def _add_host(self, bundle: int) -> Any:
         """A new worker's actor in placement bundle `bundle`, under a host name never used before."""
@@ -224,7 +205,7 @@ class RayExecutor:
     def _write_hosts(self) -> None:
         with self._lock:
             lines = "".join(f"{name}:1\n" for name in self._hosts)
-        path = os.path.join(self._channel, "hosts")
+        path = self._path("hosts")
         with open(path + ".tmp", "w") as file:
             file.write(lines)
         os.replace(path + ".tmp", path)
@@ -247,38 +228,29 @@ class RayExecutor:
 
     # -- the launch agents' requests -----------------------------------------------------------
     def _serve_agents(self) -> None:
-        """Hand each launch agent's daemon command to the actor of its host, until shutdown
-        sends an empty line."""
-        # Opened for writing too, so that the pipe never ends between two agents' writes.
-        with os.fdopen(os.open(os.path.join(self._channel, agent.REQUESTS), os.O_RDWR)) as requests:
-            for line in requests:
-                path = line.strip()
-                if not path:
-                    return
-                with open(path) as file:
-                    request = json.load(file)
-                os.unlink(path)
-                with self._lock:
-                    actor = self._hosts.get(request["host"])
-                if actor is None:  # a worker that died since the launcher read the hosts
-                    _reply(request["reply"], 255)
-                    continue
-                reference = actor.run_daemon.remote(request["command"], request["host"])
-                threading.Thread(target=self._answer, args=(reference, request["host"], request["reply"]),
-                                 daemon=True).start()
+        """Hand each launch agent's daemon command to the actor of its host, until shutdown."""
+        channel = self._channel
+        while (request := channel.next_request()) is not None:
+            with self._lock:
+                actor = self._hosts.get(request.host)
+            if actor is None:  # a worker that died since the launcher read the hosts
+                channel.answer(request, 255)
+                continue
+            reference = actor.run_daemon.remote(request.command, request.host)
+            threading.Thread(target=self._answer, args=(channel, reference, request), daemon=True).start()
 
-    def _answer(self, reference, host: str, reply: str) -> None:
-        """Tell the agent of `host` how its daemon ended, as ssh would; replace the worker if its
-        actor died with it (an elastic job then grows back onto the new one)."""
+    def _answer(self, channel: AgentChannel, reference, request: DaemonRequest) -> None:
+        """Tell the agent how its daemon ended, as ssh would; replace the worker if its actor
+        died with it (an elastic job then grows back onto the new one)."""
         try:
             status = ray.get(reference)
         except ray.exceptions.RayActorError:  # the actor died, and the daemon with it
             status = 255
             if self.min_workers is not None:
-                threading.Thread(target=self._replace, args=(host,), daemon=True).start()
+                threading.Thread(target=self._replace, args=(request.host,), daemon=True).start()
         except Exception:  # noqa: BLE001 - the daemon could not run: the agent fails as ssh would
             status = 255
-        _reply(reply, status)
+        channel.answer(request, status)
 
 
 @ray.remote(num_cpus=0)
@@ -299,11 +271,6 @@ class _Results:
         if self._error is not None:
             raise self._error
         return self._results[rank]
-
-
-def _reply(path: str, status: int) -> None:
-    with open(path, "w") as file:
-        file.write(f"{status}\n")
 
 
 def _write_script(path: str, command: str) -> None:
