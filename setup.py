@@ -24,7 +24,9 @@ EXTRAS = {
     "tensorflow": ["tensorflow-cpu>=2.16"],
     "keras": ["keras>=3.0"],
     "jax": ["jax>=0.4.30"],
-    "ray": ["ray>=2.9,<3"],
+    # Ray Train (its V2 API, which HvdplusConfig is tested on) for the backend; RayExecutor needs Ray alone.
+    "ray": ["ray[train]>=2.60,<3"],
+    "spark": ["pyspark>=4.0,<5", "pyarrow>=15"],
     "examples": ["scikit-learn>=1.2", "tqdm>=4.0"],
     "benchmarks": ["matplotlib>=3.5"],
     "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],

@@ -5,6 +5,7 @@ one process training alone, and a clear error when Ray cannot place the workers.
 import os
 import time
 
+import cloudpickle
 import numpy as np
 import pytest
 
@@ -67,42 +68,10 @@ def test_each_ranks_return_value_comes_back_in_rank_order(executor):
 
 @pytest.mark.parametrize("executor", [(2, 1)], ids=["2-workers"], indirect=True)
 def test_distributed_optimizer_through_ray_trains_like_one_process(executor):
-    import torch
-
-    def data():
-        generator = torch.Generator().manual_seed(5)
-        return [(torch.randn(8, 6, generator=generator), torch.randn(8, 1, generator=generator)) for _ in range(5)]
-
-    def model():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-
-    def train(make_model, batches):
-        import torch
-
-        import hvdplus.torch as hvd
-        hvd.init()
-        torch.set_num_threads(1)
-        net = make_model()
-        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
-                                             named_parameters=net.named_parameters())
-        rows = slice(hvd.rank() * 4, (hvd.rank() + 1) * 4)
-        for x, y in batches:
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(net(x[rows]), y[rows]).backward()
-            optimizer.step()
-        return [parameter.detach().clone() for parameter in net.parameters()]
-
-    results = executor.run(train, args=(model, data()))
-    reference = model()
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    for x, y in data():
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(reference(x), y).backward()
-        optimizer.step()
-    for rank_parameters in results:
-        for mine, theirs in zip(rank_parameters, reference.parameters()):
-            torch.testing.assert_close(mine, theirs.detach(), rtol=1e-5, atol=1e-6)
+    torch_shards = pytest.importorskip("testkit.torch_shards")
+    torch_shards.register_by_value(cloudpickle)
+    results = executor.run(torch_shards.train_on_shards, args=(torch_shards.model, torch_shards.batches()))
+    torch_shards.assert_trains_like_one_process(results, torch_shards.model, torch_shards.batches())
 
 
 def test_more_workers_than_ray_has_cpus_fail_within_the_timeout(local_ray):

@@ -1,8 +1,8 @@
 """hvdplus on Ray (pip `ray`): `RayExecutor` runs the ranks of one MPI job in Ray actors, and
 `HvdplusConfig` is the Ray Train backend whose training workers are the ranks of one MPI job.
 
-Loaded on first use, so that the launch agent (`python -m hvdplus.ray.agent`) and the placeholder
-rank (`python -m hvdplus.ray.placeholder`) import no Ray."""
+Loaded on first use, so that the placeholder rank (`python -m hvdplus.ray.placeholder`) imports
+no Ray."""
 
 import importlib
 

@@ -11,7 +11,7 @@
 
 Each worker is an actor that stands for one "host" of one slot, under a name of its own that
 resolves to no machine. `run` starts the job with mpirun from the driver, whose launch agent
-(hvdplus.ray.agent) hands each host's daemon command to its actor: the daemon runs inside the
+(hvdplus.runner.launch_agent) hands each host's daemon command to its actor: the daemon runs inside the
 actor, and the rank inside the daemon. So the ranks form one MPI job, and every hvdplus
 collective, algorithm and adapter works as under hvdplusrun.
 """
@@ -19,6 +19,7 @@ collective, algorithm and adapter works as under hvdplusrun.
 import asyncio
 import itertools
 import os
+import shlex
 import threading
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -28,7 +29,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ..runner.python_function import run_with_launcher
-from .channel import AgentChannel, DaemonRequest, start_daemon
+from ..runner.agent_channel import AgentChannel, DaemonRequest, start_daemon
 
 __all__ = ["RayExecutor"]
 
@@ -177,12 +178,7 @@ class RayExecutor:
         return {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.gpus_per_worker else {})}
 
     def _launcher_flags(self) -> List[str]:
-        # mpirun starts every daemon itself, through the agent (a daemon that started others would
-        # need the driver's channel where it runs). coll/han takes two "hosts" on one machine for
-        # one node and hangs in the first collective.
-        mpi_args = f"--prtemca plm_ssh_agent {self._channel.agent_script} --prtemca plm_ssh_no_tree_spawn 1 " \
-                   "--mca coll ^han"
-        flags = ["--num-proc", str(self.num_workers), "--mpi-args", mpi_args]
+        flags = ["--num-proc", str(self.num_workers), "--mpi-args", shlex.join(self._channel.mpi_args)]
         if self.min_workers is None:
             with self._lock:
                 return flags + ["--hosts", ",".join(f"{name}:1" for name in self._hosts)]

@@ -17,7 +17,7 @@
 Ray Train places the workers and runs the training function in them; the backend makes those
 very processes the ranks of one MPI job, since `ray.train.report` works only there. Before the
 training function starts, the controller starts mpirun with one fake host per worker and a
-launch agent in place of ssh (hvdplus.ray.channel): each host's daemon runs inside its worker,
+launch agent in place of ssh (hvdplus.runner.agent_channel): each host's daemon runs inside its worker,
 and starts a placeholder rank (hvdplus.ray.placeholder) that hands the worker the variables
 that make a process that rank. `hvd.init()` in the training function then joins the job as
 the placeholder's rank. When the training function returns, the worker finalizes MPI and
@@ -43,7 +43,7 @@ from ..runner.command import Job, OpenMpi
 from ..runner.errors import LaunchError
 from ..runner.hosts import Host
 from ..runner.launch import find_mpi
-from .channel import AgentChannel, DaemonRequest, start_daemon
+from ..runner.agent_channel import AgentChannel, DaemonRequest, start_daemon
 from .placeholder import DONE_FILE, ENVIRONMENT_FILE, OWNER_ENV, PROXY_DIR_ENV
 
 __all__ = ["HvdplusConfig", "HvdplusBackend"]
@@ -153,7 +153,7 @@ class ProxyJob:
     def _start_mpirun(self) -> subprocess.Popen:
         with open(self.log_path, "w") as log:
             return subprocess.Popen(
-                mpirun_command(self.hosts, self.channel.agent_script, self.config.mpi_args),
+                mpirun_command(self.hosts, self.channel.mpi_args, self.config.mpi_args),
                 env=dict(os.environ, **self.config.env, **self.channel.env),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
@@ -208,9 +208,9 @@ class ProxyJob:
                f"mpirun's output: {output or '(none)'}"
 
 
-def mpirun_command(hosts: Sequence[str], agent_script: str, mpi_args: Sequence[str]) -> List[str]:
-    """mpirun's command line for one placeholder rank on each of `hosts`, started through
-    `agent_script` in place of ssh."""
+def mpirun_command(hosts: Sequence[str], agent_args: Sequence[str], mpi_args: Sequence[str]) -> List[str]:
+    """mpirun's command line for one placeholder rank on each of `hosts`, whose daemons start
+    through the agent that `agent_args` name (AgentChannel.mpi_args), then `mpi_args`."""
     mpirun, dialect = find_mpi()
     if not isinstance(dialect, OpenMpi) or dialect.version < (5,):
         raise LaunchError(f"hvdplus on Ray Train needs Open MPI 5's mpirun, found {mpirun}")
@@ -220,11 +220,7 @@ def mpirun_command(hosts: Sequence[str], agent_script: str, mpi_args: Sequence[s
         hosts=[Host(name, 1) for name in hosts],
         oversubscribe=True,
         as_root=os.geteuid() == 0,
-        # mpirun itself starts every daemon, through the agent: a daemon that started others
-        # (a tree spawn) would need the controller's channel folder where it runs.
-        # coll/han takes two "hosts" on one machine for one node and hangs in the first collective.
-        mpi_args=["--prtemca", "plm_ssh_agent", agent_script, "--prtemca", "plm_ssh_no_tree_spawn", "1",
-                  "--mca", "coll", "^han", *mpi_args],
+        mpi_args=[*agent_args, *mpi_args],
     )
     return dialect.command(mpirun, job)
 

@@ -98,7 +98,7 @@ class _Results:
         return values
 
 
-def _launcher_flags(options: Dict[str, Any]) -> List[str]:
+def launcher_flags(options: Dict[str, Any]) -> List[str]:
     """hvdplusrun's flags for keyword arguments named as its options are (`fusion_threshold_mb=32`,
     `max_restarts=5`, `in_place=False`)."""
     actions = {action.dest: action for action in build_parser("hvdplus.run")._actions
@@ -154,7 +154,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = No
                    max_np=max_np, verbose=bool(verbose and verbose >= 2))
     if start_timeout is not None:
         options["elastic_timeout"] = start_timeout
-    return run_with_launcher(fn, args, kwargs, _launcher_flags(options), env)
+    return run_with_launcher(fn, args, kwargs, launcher_flags(options), env)
 
 
 def run_with_launcher(fn: Callable, args: Sequence, kwargs: Optional[Dict[str, Any]], flags: List[str],

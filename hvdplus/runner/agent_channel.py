@@ -1,15 +1,16 @@
-"""Where mpirun's launch agents meet the Ray actors that run their daemons.
+"""Where mpirun's launch agents meet the processes that run their daemons (Ray actors, Spark tasks).
 
 An `AgentChannel` is a folder of named pipes (no port is opened): mpirun runs its
-`agent_script` in place of ssh, once per host, and each agent (hvdplus.ray.agent) asks
+`agent_script` in place of ssh, once per host, and each agent (hvdplus.runner.launch_agent) asks
 through the folder for that host's daemon; `next_request` hands the requests over, and
 `answer` ends the agent with a status, as an ssh session ends. `start_daemon` starts a daemon
-command inside an actor, so that the ranks it starts are processes of that actor.
+command inside the calling process (an actor, a task), so that the ranks it starts are its
+children and die with it.
 
     channel = AgentChannel()
     # mpirun --prtemca plm_ssh_agent <channel.agent_script> ..., with channel.env in its environment
     request = channel.next_request(timeout=30)  # DaemonRequest(host, command, reply), or None
-    ...                                         # the host's actor runs start_daemon(request.command, request.host)
+    ...                                         # the host's process runs start_daemon(request.command, request.host)
     channel.answer(request, 0)                  # the agent ends with status 0
     channel.close()
 """
@@ -27,9 +28,9 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
-from . import agent
+from . import launch_agent as agent
 
 __all__ = ["AgentChannel", "DaemonRequest", "start_daemon"]
 
@@ -56,11 +57,11 @@ class AgentChannel:
     """A folder of named pipes through which launch agents ask for their daemons."""
 
     def __init__(self):
-        self.path = tempfile.mkdtemp(prefix="hvdplus-ray-")
+        self.path = tempfile.mkdtemp(prefix="hvdplus-agents-")
         self.agent_script = os.path.join(self.path, "agent")
         os.mkfifo(os.path.join(self.path, agent.REQUESTS))
         with open(self.agent_script, "w") as file:
-            file.write(f"#!/bin/sh\nexec {sys.executable} -m hvdplus.ray.agent \"$@\"\n")
+            file.write(f"#!/bin/sh\nexec {sys.executable} -m hvdplus.runner.launch_agent \"$@\"\n")
         os.chmod(self.agent_script, 0o755)
         # Opened for writing too, so that the pipe never ends between two agents' writes.
         self._requests = os.open(os.path.join(self.path, agent.REQUESTS), os.O_RDWR | os.O_NONBLOCK)
@@ -71,6 +72,15 @@ class AgentChannel:
     def env(self) -> Dict[str, str]:
         """The variables that mpirun passes on to its agents."""
         return {agent.CHANNEL_ENV: self.path}
+
+    @property
+    def mpi_args(self) -> List[str]:
+        """The mpirun arguments that start each host's daemon through this channel's agent."""
+        # mpirun starts every daemon itself: a daemon that started others (a tree spawn) would
+        # need this channel where it runs. coll/han takes two "hosts" of one machine for one
+        # node, and hangs in the first collective.
+        return ["--prtemca", "plm_ssh_agent", self.agent_script, "--prtemca", "plm_ssh_no_tree_spawn", "1",
+                "--mca", "coll", "^han"]
 
     def next_request(self, timeout: Optional[float] = None) -> Optional[DaemonRequest]:
         """The next agent's request; None when `timeout` seconds pass first, or once `close`
@@ -131,8 +141,8 @@ def _open_for_writing(fifo: str, patience_s: float) -> Optional[int]:
 
 
 def _die_with_parent() -> None:
-    """In a child of the actor: end with SIGKILL when the actor's process ends (ray.kill
-    SIGKILLs an actor, and would leave its daemon and ranks running)."""
+    """In a child: end with SIGKILL when the parent ends (ray.kill SIGKILLs an actor, Spark
+    kills a task's worker; either would leave its daemon and ranks running)."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 

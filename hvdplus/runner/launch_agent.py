@@ -1,19 +1,21 @@
-"""The launch agent through which mpirun starts its daemons inside Ray actors.
+"""The launch agent through which mpirun starts its daemons inside processes that another
+system started: Ray actors (hvdplus.ray), Spark tasks (hvdplus.spark).
 
 mpirun runs `agent <host> <daemon command...>` once per host, as it would run ssh
-(`--prtemca plm_ssh_agent`). Each "host" is a Ray actor (hvdplus.ray.executor). The agent
-hands the command to the driver, which asks that actor to run it, and lives as long as the
-daemon does, ending with its status, as an ssh session would. The two talk through named
-pipes in a folder of the driver's (HVDPLUS_RAY_CHANNEL): no port is opened.
+(`--prtemca plm_ssh_agent`). Each "host" is one such process. The agent hands the command to
+the process that started mpirun (hvdplus.runner.agent_channel), which has the host's process
+run it, and ends when that one answers, with the status it answers, as an ssh session would.
+The two talk through named pipes in a folder of the starter's (HVDPLUS_AGENT_CHANNEL): no port
+is opened.
 
-    python -m hvdplus.ray.agent HOST COMMAND...
+    python -m hvdplus.runner.launch_agent HOST COMMAND...
 """
 
 import json
 import os
 import sys
 
-CHANNEL_ENV = "HVDPLUS_RAY_CHANNEL"
+CHANNEL_ENV = "HVDPLUS_AGENT_CHANNEL"
 REQUESTS = "requests"
 
 

@@ -1,0 +1,100 @@
+"""hvdplus.spark.run on a real local Spark (`local[2]`): the ranks of one MPI job inside the tasks
+of a barrier stage, their return values in rank order, a collective checked against numpy, a
+torch DistributedOptimizer equal to one process, a stage Spark cannot place failing within its
+timeout, and a raising rank failing the call with its traceback, with no process left behind."""
+
+import os
+import sys
+import time
+
+import cloudpickle
+import numpy as np
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[spark]')")
+
+from pyspark import cloudpickle as spark_cloudpickle  # noqa: E402 (after the check for pyspark)
+
+import hvdplus.spark  # noqa: E402
+from hvdplus.runner.python_function import RanksRaisedError  # noqa: E402
+from testkit.processes import assert_all_end  # noqa: E402
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
+
+# Spark's tasks cannot import this module: its functions travel to them by value.
+spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    # The tasks' Python is this one, with hvdplus and the frameworks in it.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("hvdplus-tests")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def ranks_and_sums(scale):
+    import os
+
+    import numpy as np
+
+    import hvdplus as hvd
+    hvd.init()
+    return hvd.rank(), hvd.size(), os.getpid(), hvd.allreduce(np.arange(4.0) * (hvd.rank() + 1) * scale, op=hvd.Sum)
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_each_ranks_return_value_comes_back_in_rank_order(spark, num_proc):
+    results = hvdplus.spark.run(ranks_and_sums, args=(3.0,), num_proc=num_proc, start_timeout=60)
+    expected = sum(rank + 1 for rank in range(num_proc)) * 3.0 * np.arange(4.0)
+    assert [(rank, size) for rank, size, _, _ in results] == [(rank, num_proc) for rank in range(num_proc)]
+    for _, _, _, total in results:
+        np.testing.assert_array_equal(total, expected)
+    assert len({pid for _, _, pid, _ in results}) == num_proc and os.getpid() not in {pid for _, _, pid, _ in results}
+    assert_all_end([pid for _, _, pid, _ in results])
+
+
+def test_num_proc_defaults_to_sparks_parallelism_and_torch_trains_like_one_process(spark):
+    torch_shards = pytest.importorskip("testkit.torch_shards")
+    torch_shards.register_by_value(cloudpickle, spark_cloudpickle)
+    results = hvdplus.spark.run(torch_shards.train_on_shards, args=(torch_shards.model, torch_shards.batches()),
+                                start_timeout=60)
+    assert len(results) == spark.sparkContext.defaultParallelism == 2
+    torch_shards.assert_trains_like_one_process(results, torch_shards.model, torch_shards.batches())
+
+
+def test_more_ranks_than_spark_has_slots_fail_within_the_timeout(spark):
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"Spark started 0 of the 4 tasks .* within 5 s; .* it has 2 slots"):
+        hvdplus.spark.run(ranks_and_sums, args=(1.0,), num_proc=4, start_timeout=5)
+    assert time.monotonic() - started < 15
+    # Spark is free again: the next job runs.
+    assert [rank for rank, _, _, _ in hvdplus.spark.run(ranks_and_sums, args=(1.0,), num_proc=2)] == [0, 1]
+
+
+def test_a_rank_that_raises_fails_the_call_with_its_traceback(spark, tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+
+    def fail_on_rank_1(folder):
+        import os
+        import time
+
+        import hvdplus as hvd
+        hvd.init()
+        open(os.path.join(folder, str(os.getpid())), "w").close()
+        if hvd.rank() == 1:
+            raise ValueError("rank 1 gives up")
+        time.sleep(60)
+
+    started = time.monotonic()
+    with pytest.raises(RanksRaisedError, match="rank 1 gives up") as raised:
+        hvdplus.spark.run(fail_on_rank_1, args=(str(pids),), num_proc=2, start_timeout=60)
+    assert time.monotonic() - started < 30
+    assert list(raised.value.failures) == [1] and "fail_on_rank_1" in raised.value.failures[1].traceback
+    assert_all_end([int(pid) for pid in os.listdir(pids)])
