@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Lets this machine run tests/test_containers.py: podman with the runc runtime, and
-# debootstrap to make the base image where no registry can be reached (tests/testkit/cluster.py
-# makes it on first use). On Debian, as root, it installs what is missing and configures
-# podman; elsewhere it says so and changes nothing, and the container tests skip, which
-# in CI (CI=true) fails the run: so does this script there, at once.
+# Lets this machine run the tests that need system packages: tests/test_containers.py needs
+# podman with the runc runtime, and debootstrap to make the base image where no registry can
+# be reached (tests/testkit/cluster.py makes it on first use); tests/test_spark.py needs a Java
+# runtime for Spark (17, Spark 4's). On Debian, as root, it installs what is missing and
+# configures podman; elsewhere it says so and changes nothing, and those tests skip, which in
+# CI (CI=true) fails the run: so does this script there, at once.
 set -euo pipefail
 
 cannot() {
-    echo "prepare_host: $1: the container tests will skip" >&2
+    echo "prepare_host: $1: the tests that need it will skip" >&2
     if [ "${CI:-}" = true ]; then exit 1; fi
     exit 0
 }
@@ -18,6 +19,15 @@ if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null; then
     fi
     if ! { apt-get update -qq && apt-get install -y -qq podman runc debootstrap >/dev/null; }; then
         cannot "installing podman, runc and debootstrap failed"
+    fi
+fi
+
+if ! command -v java >/dev/null; then
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        cannot "no java, and no apt-get as root"
+    fi
+    if ! { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }; then
+        cannot "installing openjdk-17-jre-headless failed"
     fi
 fi
 
