@@ -27,7 +27,7 @@ from mpi4py import MPI
 
 __all__ = ["throughput", "interleaved_throughputs", "array_batches", "fit_runner", "init_gloo",
            "add_csv_option", "write_results", "write_table", "library_versions", "ratio", "throughput_rows",
-           "print_throughput_rows"]
+           "print_throughput_rows", "median_rows", "write_driver_table"]
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPOSITORY, "benchmarks", "results")
@@ -191,6 +191,23 @@ def write_table(benchmark, rows, path, ranks, command, mpi, framework_versions):
     shown = os.path.relpath(path)
     print(f"wrote {path if shown.startswith(os.pardir) else shown}", flush=True)
     return path
+
+
+def median_rows(seconds_by_way, decimals=3, **columns):
+    """For a driver's timings: one row per way, `columns` first, then its median `seconds` and
+    each run's (`runs`, `;`-separated)."""
+    return [{**columns, "way": way, "seconds": statistics.median(times),
+             "runs": ";".join(f"{seconds:.{decimals}f}" for seconds in times)} for way, times in seconds_by_way.items()]
+
+
+def write_driver_table(benchmark, rows, csv_path, command):
+    """Print a driver's rows, then replace benchmarks/results/<benchmark>_np2.csv (or `csv_path`)
+    with them, as write_table does."""
+    for row in rows:
+        shown = [str(value) for name, value in row.items() if name not in ("seconds", "runs")]
+        print(f"  {' | '.join(shown)}: {row['seconds']:.3f} s   (runs: {row['runs']} s)")
+    write_table(benchmark, rows, csv_path or os.path.join(RESULTS, f"{benchmark}_np2.csv"), 2, command,
+                **library_versions())
 
 
 def _cell(value):

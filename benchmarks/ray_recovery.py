@@ -22,7 +22,6 @@ benchmarks/results/ray_recovery_np2.csv (see harness.write_table).
 
 import argparse
 import os
-import statistics
 import tempfile
 import threading
 import time
@@ -32,7 +31,7 @@ import mpi4py
 mpi4py.rc.initialize = False  # this driver only starts jobs; MPI runs in them
 
 import ray  # noqa: E402
-from harness import RESULTS, library_versions, write_table  # noqa: E402
+from harness import median_rows, write_driver_table  # noqa: E402
 from hvdplus.ray import RayExecutor  # noqa: E402
 
 STEP_SECONDS = 0.05
@@ -168,13 +167,8 @@ def main():
         for way, recover in ways.items():
             with tempfile.TemporaryDirectory(prefix="hvdplus-ray-recovery-") as folder:
                 seconds[way].append(recover(folder))
-    rows = [{"way": way, "seconds": statistics.median(times), "runs": ";".join(f"{t:.3f}" for t in times)}
-            for way, times in seconds.items()]
-    for row in rows:
-        print(f"  {row['way']:64s} {row['seconds']:6.2f} s   (runs: {row['runs']} s)")
     ray.shutdown()
-    write_table("ray_recovery", rows, args.csv or os.path.join(RESULTS, "ray_recovery_np2.csv"), 2,
-                "python benchmarks/ray_recovery.py", **library_versions())
+    write_driver_table("ray_recovery", median_rows(seconds), args.csv, "python benchmarks/ray_recovery.py")
 
 
 if __name__ == "__main__":

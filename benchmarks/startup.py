@@ -14,7 +14,6 @@ Writes benchmarks/results/startup_np2.csv (see harness.write_table).
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ mpi4py.rc.initialize = False  # this driver only starts jobs; MPI runs in them
 import ray  # noqa: E402
 import hvdplus  # noqa: E402 (after MPI's initialization is turned off)
 from hvdplus.ray import RayExecutor  # noqa: E402
-from harness import REPOSITORY, RESULTS, library_versions, write_table  # noqa: E402
+from harness import REPOSITORY, median_rows, write_driver_table  # noqa: E402
 from hvdplus.runner.launch import find_mpi  # noqa: E402
 
 INIT_AND_RETURN = "import hvdplus; hvdplus.init(); hvdplus.shutdown()"
@@ -77,13 +76,8 @@ def main():
     for _ in range(args.repeats):
         for way, start in ways.items():
             seconds[way].append(timed(start))
-    rows = [{"way": way, "seconds": statistics.median(times), "runs": ";".join(f"{t:.3f}" for t in times)}
-            for way, times in seconds.items()]
-    for row in rows:
-        print(f"  {row['way']:24s} {row['seconds']:6.2f} s   (runs: {row['runs']} s)")
     ray.shutdown()
-    write_table("startup", rows, args.csv or os.path.join(RESULTS, "startup_np2.csv"), 2,
-                "python benchmarks/startup.py", **library_versions())
+    write_driver_table("startup", median_rows(seconds), args.csv, "python benchmarks/startup.py")
 
 
 if __name__ == "__main__":

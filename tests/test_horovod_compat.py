@@ -34,9 +34,16 @@ def test_horovod_modules_are_hvdplus_modules():
 
 
 def test_a_module_hvdplus_does_not_serve_is_named():
-    result = python([sys.executable, "-c", "import horovod.spark"], ALIAS_PATH)
+    result = python([sys.executable, "-c", "import horovod.mxnet"], ALIAS_PATH)
     assert result.returncode != 0
-    assert "No module named 'horovod.spark'" in result.stderr and "hvdplus serves" in result.stderr
+    assert "No module named 'horovod.mxnet'" in result.stderr and "hvdplus serves" in result.stderr
+
+
+def test_horovods_spark_and_ray_runners_are_hvdplus_ones():
+    check = ("import horovod.spark, horovod.ray, hvdplus.spark, hvdplus.ray; print(horovod.spark.run is "
+             "hvdplus.spark.run, horovod.ray.RayExecutor is hvdplus.ray.RayExecutor)")
+    result = python([sys.executable, "-c", check], ALIAS_PATH)
+    assert result.returncode == 0 and result.stdout.split() == ["True", "True"], result.stderr[-3000:]
 
 
 def test_the_alias_refuses_to_shadow_an_installed_horovod():

@@ -21,6 +21,8 @@ from testkit.processes import assert_all_end  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
 
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
 # Spark's tasks cannot import this module: its functions travel to them by value.
 spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -98,3 +100,52 @@ def test_a_rank_that_raises_fails_the_call_with_its_traceback(spark, tmp_path):
     assert time.monotonic() - started < 30
     assert list(raised.value.failures) == [1] and "fail_on_rank_1" in raised.value.failures[1].traceback
     assert_all_end([int(pid) for pid in os.listdir(pids)])
+
+
+def test_torch_estimator_learns_the_digits_from_a_dataframe_and_resumes_from_the_store(spark, tmp_path):
+    import torch
+
+    from hvdplus.spark.store import LocalStore
+    from hvdplus.spark.torch import TorchEstimator
+
+    sys.path.insert(0, EXAMPLES)
+    from spark_torch_estimator import digits_frames  # the example's split: a quarter for testing
+
+    train, test = digits_frames(spark)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    store = LocalStore(str(tmp_path / "store"))
+
+    def estimator(epochs):
+        return TorchEstimator(num_proc=2, model=net, optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+                              loss=torch.nn.functional.cross_entropy, store=store, feature_cols=["features"],
+                              label_cols=["label"], batch_size=32, epochs=epochs, validation=0.1, run_id="digits",
+                              verbose=0)
+
+    first = estimator(2).fit(train)
+    assert [metrics["epoch"] for metrics in first.getHistory()] == [1, 2]
+    # The same run, to 5 epochs: it goes on from the checkpoint of epoch 2 in the store.
+    model = estimator(5).fit(train)
+    history = model.getHistory()
+    assert [metrics["epoch"] for metrics in history] == [1, 2, 3, 4, 5] and history[:2] == first.getHistory()
+    assert history[-1]["loss"] < history[0]["loss"] and history[-1]["val_accuracy"] >= 0.85, history
+    predicted = model.transform(test).toPandas()
+    assert list(predicted.columns) == ["features", "label", "label__output"]
+    accuracy = (np.stack(predicted["label__output"]).argmax(axis=1) == predicted["label"]).mean()
+    assert accuracy >= 0.9, accuracy
+    # getModel gives the trained torch module: its predictions are the column's.
+    features = torch.tensor(np.stack(predicted["features"]), dtype=torch.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(model.getModel()(features).numpy(), np.stack(predicted["label__output"]),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_the_spark_run_example_learns_the_digits_on_every_rank(spark):
+    sys.path.insert(0, EXAMPLES)
+    import spark_run
+
+    spark_cloudpickle.register_pickle_by_value(spark_run)  # the tasks cannot import examples/
+    results = hvdplus.spark.run(spark_run.train, args=(200, 0.5), num_proc=2)
+    assert [rank for rank, _ in results] == [0, 1]
+    # Every rank took the same steps from the summed gradients: the same model, the same accuracy.
+    assert results[0][1] == results[1][1] >= 0.9, results

@@ -70,7 +70,8 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 raise  # a framework the hvdplus module needs is missing: say that
             raise ModuleNotFoundError(
                 f"No module named '{name}': hvdplus serves Horovod's torch, tensorflow, tensorflow.keras, "
-                f"keras and common modules, not this one (see docs/moving-from-horovod.md)", name=name) from None
+                f"keras, common, spark and ray modules, not this one (see docs/moving-from-horovod.md)",
+                name=name) from None
         module.__dict__.update({key: value for key, value in vars(target).items()
                                 if not (key.startswith("__") and key.endswith("__"))})
         module.__all__ = list(getattr(target, "__all__", [k for k in vars(target) if not k.startswith("_")]))
