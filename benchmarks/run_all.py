@@ -61,6 +61,7 @@ BENCHMARKS = (
     Benchmark("multihost_np4.csv", "python benchmarks/multihost.py"),
     Benchmark("startup_np2.csv", "python benchmarks/startup.py"),
     Benchmark("ray_recovery_np2.csv", "python benchmarks/ray_recovery.py"),
+    Benchmark("spark_np2.csv", "python benchmarks/spark.py"),
 )
 
 

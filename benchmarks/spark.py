@@ -11,7 +11,7 @@ A driver starts a local Spark (`local[2]`, not timed) and times, in turns:
   the tasks of a barrier stage, `init_process_group("gloo")`). The median wall time from the call
   to its return, the ranks' interpreter start-up included.
 - the estimator: `TorchEstimator(num_proc=2, epochs=EPOCHS).fit(df)` on scikit-learn's digits
-  (1,348 rows), from the DataFrame (the Parquet write included), against
+  (1,347 rows), from the DataFrame (the Parquet write included), against
   `hvdplus.spark.run` of the same training loop on numpy arrays the driver holds. Each epoch's
   seconds come from the ranks: the median over the epochs after the first.
 

@@ -299,6 +299,14 @@ def ray_recovery(results):
                            for row in results.rows])
 
 
+def spark(results):
+    return markdown_table(["measurement", "job", "seconds (median)", "each run"],
+                          [[row["measurement"], f"`{row['way']}`" if row["way"].startswith(("hvdplus", "Torch"))
+                            else row["way"], duration(float(row["seconds"])),
+                            ", ".join(duration(float(seconds)) for seconds in row["runs"].split(";"))]
+                           for row in results.rows])
+
+
 # The size whose all-reduce README quotes: large enough to be bandwidth-bound (or the largest measured below it).
 SUMMARY_BYTES = 64 * MIB
 
@@ -391,6 +399,7 @@ TABLES = {
     "elastic": Table(("elastic_np2.csv",), elastic),
     "startup": Table(("startup_np2.csv",), startup),
     "ray_recovery": Table(("ray_recovery_np2.csv",), ray_recovery),
+    "spark": Table(("spark_np2.csv",), spark),
     "summary": Table(("torch_training_np2.csv", "tensorflow_training_np2.csv", "keras_training_torch_np2.csv",
                       "engine_np2.csv", "collectives_np2.csv"), summary),
 }
