@@ -149,3 +149,39 @@ def test_the_spark_run_example_learns_the_digits_on_every_rank(spark):
     assert [rank for rank, _ in results] == [0, 1]
     # Every rank took the same steps from the summed gradients: the same model, the same accuracy.
     assert results[0][1] == results[1][1] >= 0.9, results
+
+
+@pytest.mark.parametrize("backend,first_epochs", [("tensorflow", 0), ("torch", 2)])
+def test_keras_estimator_learns_the_digits_on_each_backend_and_resumes_from_the_store(spark, tmp_path, backend,
+                                                                                     first_epochs):
+    import keras
+
+    from hvdplus.spark.keras import KerasEstimator
+    from hvdplus.spark.store import LocalStore
+
+    sys.path.insert(0, EXAMPLES)
+    from spark_keras_estimator import digits_frames, digits_model
+
+    train, test = digits_frames(spark)
+    store = LocalStore(str(tmp_path / "store"))
+
+    def estimator(epochs):
+        return KerasEstimator(num_proc=2, model=digits_model(), optimizer=keras.optimizers.Adam(0.01),
+                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+                              store=store, feature_cols=["features"], label_cols=["label"], batch_size=32,
+                              epochs=epochs, validation=0.1, run_id="digits", verbose=0, backend=backend)
+
+    first = estimator(first_epochs).fit(train) if first_epochs else None
+    model = estimator(5).fit(train)
+    history = model.getHistory()
+    assert [metrics["epoch"] for metrics in history] == [1, 2, 3, 4, 5]
+    if first is not None:  # the second fit went on from the checkpoint of the first's last epoch
+        assert history[:first_epochs] == first.getHistory()
+    assert history[-1]["loss"] < history[0]["loss"] and history[-1]["val_accuracy"] >= 0.85, history
+    predicted = model.transform(test).toPandas()
+    assert list(predicted.columns) == ["features", "label", "label__output"]
+    accuracy = (np.stack(predicted["label__output"]).argmax(axis=1) == predicted["label"]).mean()
+    assert accuracy >= 0.9, accuracy
+    # getModel gives the trained Keras model: its predictions are the column's.
+    np.testing.assert_allclose(model.getModel().predict_on_batch(np.stack(predicted["features"]).astype(np.float32)),
+                               np.stack(predicted["label__output"]), rtol=1e-4, atol=1e-4)

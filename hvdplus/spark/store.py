@@ -4,11 +4,14 @@
     estimator = TorchEstimator(store=store, ...)
 
 A run (one `fit`, or several under one `run_id`) keeps under `<prefix>/runs/<run_id>/`:
-`train_data/` and `val_data/` (the DataFrame as Parquet, which the ranks read with pyarrow) and
-`checkpoint.pt` (the model and optimizer after the last finished epoch, which a later fit under
-the same `run_id` resumes from). `LocalStore` is a local or shared file system; the interface
-(paths for Spark to write and pyarrow to read, and whole files as bytes) leaves room for HDFS or
-S3 stores.
+- `train_data/` and `val_data/`: the DataFrame as Parquet, which the ranks read with pyarrow;
+- `initial_model`: the model to train, which the ranks read here rather than take as an
+  argument (the arguments of `hvdplus.spark.run` are limited in size);
+- `checkpoint`: the model and optimizer after the last finished epoch, in the framework's own
+  format, which a later fit under the same `run_id` resumes from.
+
+`LocalStore` is a local or shared file system; the interface (paths for Spark to write and
+pyarrow to read, and whole files as bytes) leaves room for HDFS or S3 stores.
 """
 
 import os
@@ -36,8 +39,11 @@ class Store:
     def val_data_path(self, run_id: str) -> str:
         return os.path.join(self.run_path(run_id), "val_data")
 
+    def initial_model_path(self, run_id: str) -> str:
+        return os.path.join(self.run_path(run_id), "initial_model")
+
     def checkpoint_path(self, run_id: str) -> str:
-        return os.path.join(self.run_path(run_id), "checkpoint.pt")
+        return os.path.join(self.run_path(run_id), "checkpoint")
 
     def spark_path(self, path: str) -> str:
         """`path` as Spark's writers name it."""
