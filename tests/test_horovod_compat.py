@@ -40,10 +40,14 @@ def test_a_module_hvdplus_does_not_serve_is_named():
 
 
 def test_horovods_spark_and_ray_runners_are_hvdplus_ones():
-    check = ("import horovod.spark, horovod.ray, hvdplus.spark, hvdplus.ray; print(horovod.spark.run is "
-             "hvdplus.spark.run, horovod.ray.RayExecutor is hvdplus.ray.RayExecutor)")
+    check = ("import horovod.spark, horovod.spark.keras, horovod.spark.torch, horovod.ray, hvdplus.spark, "
+             "hvdplus.ray; import hvdplus.spark.keras as keras, hvdplus.spark.torch as torch; print("
+             "horovod.spark.run is hvdplus.spark.run, horovod.spark.run_elastic is hvdplus.spark.run_elastic, "
+             "horovod.spark.keras.KerasEstimator is keras.KerasEstimator, "
+             "horovod.spark.torch.TorchEstimator is torch.TorchEstimator, "
+             "horovod.ray.RayExecutor is hvdplus.ray.RayExecutor)")
     result = python([sys.executable, "-c", check], ALIAS_PATH)
-    assert result.returncode == 0 and result.stdout.split() == ["True", "True"], result.stderr[-3000:]
+    assert result.returncode == 0 and result.stdout.split() == ["True"] * 5, result.stderr[-3000:]
 
 
 def test_the_alias_refuses_to_shadow_an_installed_horovod():

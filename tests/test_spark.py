@@ -18,6 +18,7 @@ from pyspark import cloudpickle as spark_cloudpickle  # noqa: E402 (after the ch
 import hvdplus.spark  # noqa: E402
 from hvdplus.runner.python_function import RanksRaisedError  # noqa: E402
 from testkit.processes import assert_all_end  # noqa: E402
+from testkit.spark_session import local_session  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
 
@@ -29,13 +30,7 @@ spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark.sql import SparkSession
-
-    # The tasks' Python is this one, with hvdplus and the frameworks in it.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("hvdplus-tests")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session("local[2]")
     yield session
     session.stop()
 
