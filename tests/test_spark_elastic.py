@@ -67,6 +67,18 @@ def test_an_elastic_job_goes_on_in_place_without_a_dead_rank(spark, tmp_path, ca
     assert "restart" not in capfd.readouterr().err
 
 
+def test_fewer_tasks_than_min_num_proc_fail_within_the_timeout(spark, tmp_path):
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"Spark started 2 of the 3 tasks the job needs .* within 5 s"):
+        hvdplus.spark.run_elastic(run_script, args=(ELASTIC_JOB, str(tmp_path / "result.json")), num_proc=3,
+                                  min_num_proc=3, start_timeout=5)
+    assert time.monotonic() - started < 45
+    # Spark is free again: the next job runs.
+    hvdplus.spark.run_elastic(run_script, args=(ELASTIC_JOB, str(tmp_path / "again.json")), num_proc=2,
+                              start_timeout=60)
+    check_training(str(tmp_path / "again.json"))
+
+
 def grandparent(pid):
     """The process that started `pid`'s parent: for a rank, the Spark task's Python worker that
     runs its daemon."""
