@@ -15,7 +15,6 @@ __all__ = [
     "is_integer",
     "is_half",
     "accumulation_dtype",
-    "itemsize_of",
 ]
 
 SUPPORTED_DTYPE_NAMES = (
@@ -73,8 +72,3 @@ def accumulation_dtype(dtype) -> np.dtype:
             found = np.dtype(name)
         _ACCUMULATION[dtype] = found
     return found
-
-
-def itemsize_of(dtype_name: str) -> int:
-    """Bytes per element of a supported dtype, from its name alone."""
-    return 2 if dtype_name in _HALF_NAMES else np.dtype(dtype_name).itemsize

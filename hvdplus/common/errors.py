@@ -8,6 +8,7 @@ __all__ = [
     "HvdplusError",
     "NotInitializedError",
     "TensorMismatchError",
+    "CollectiveArgumentError",
     "ShutdownError",
     "StalledError",
     "RanksFailedError",
@@ -33,6 +34,13 @@ class NotInitializedError(HvdplusError, ValueError):
 
 class TensorMismatchError(HvdplusError, ValueError):
     """Ranks submitted the same named collective with different arguments."""
+
+
+class CollectiveArgumentError(ValueError, RuntimeError):
+    """A collective's argument was refused on some rank (a reducescatter with op Adasum, a
+    root rank out of range), raised on every rank of the collective. A ValueError, and also a
+    RuntimeError, the class Horovod's core gives such errors; not an HvdplusError, so that the
+    adapters keep treating it as the caller's mistake rather than the job's."""
 
 
 class ShutdownError(HvdplusError):
@@ -79,7 +87,8 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 _WIRE_CLASSES = {cls.__name__: cls for cls in (
-    TypeError, ValueError, HvdplusError, TensorMismatchError, ShutdownError, StalledError, RanksFailedError,
+    TypeError, ValueError, CollectiveArgumentError, HvdplusError, TensorMismatchError, ShutdownError, StalledError,
+    RanksFailedError,
 )}
 
 
@@ -97,6 +106,7 @@ def input_error_class(type_name: str):
     """The exception class to raise, on every rank, for an input error one rank reported.
 
     Every rank must leave a collective together, or the ones that went on would wait forever;
-    so a bad argument on one rank is raised as the same ValueError or TypeError on all of them.
+    so a bad argument on one rank is raised as the same TypeError or CollectiveArgumentError
+    (a ValueError) on all of them.
     """
-    return TypeError if type_name == "TypeError" else ValueError
+    return TypeError if type_name == "TypeError" else CollectiveArgumentError

@@ -1,8 +1,8 @@
 """Executing the batches the engine agreed on: the data plane of the engine.
 
 Every rank runs the same batches in the same order. A rank that has joined has no entry
-for a name and takes part with zeros (reductions and broadcasts), so the other ranks'
-collectives still complete; allgather and alltoall never run beside a joined rank (see
+for a name and takes part in reductions with zeros, so the other ranks' collectives still
+complete; allgather, alltoall and broadcast never run beside a joined rank (see
 protocol.JOINABLE).
 """
 
@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from ..comm import mpi_collectives
-from ..common.dtypes import accumulation_dtype, dtype_name, itemsize_of
+from ..common.dtypes import accumulation_dtype, dtype_name
 from ..common.reduce_ops import ReduceOp
 from .groups import Members
 from .protocol import Collective, GroupLayout
@@ -23,11 +23,6 @@ __all__ = ["JOINED", "execute_batch"]
 JOINED = object()
 # Looked up per batch: module names are cheaper than enum members looked up on their class.
 _ALLREDUCE, _MEMBERS = Collective.ALLREDUCE, GroupLayout.MEMBERS
-
-
-def _placeholder_bytes(dtype_name: str, shape) -> np.ndarray:
-    """Zero bytes standing in for a joined rank's tensor: right byte size, no dtype import."""
-    return np.zeros(tuple(shape) + (itemsize_of(dtype_name),), dtype=np.uint8)
 
 
 def _zeros_to_reduce(request) -> np.ndarray:
@@ -143,8 +138,7 @@ def _single(comm, algorithms, batch, payload):
     if kind is Collective.ALLGATHER:
         return algorithms.allgather(payload, batch.per_rank)
     if kind is Collective.BROADCAST:
-        data = payload if payload is not JOINED else _placeholder_bytes(agree.dtype, agree.shape)
-        return mpi_collectives.broadcast(comm, data, agree.root_rank)
+        return mpi_collectives.broadcast(comm, payload, agree.root_rank)
     if kind is Collective.REDUCESCATTER:
         data = payload if payload is not JOINED else _zeros_to_reduce(request)
         return algorithms.reducescatter(data, agree.reduce_op, agree.prescale, agree.postscale)

@@ -33,6 +33,7 @@ _NOT_WITH_JOIN = {
     Collective.ALLGATHER: "Allgather is not supported with Join at this time. "
                           "Specify sparse_to_dense=True if using DistributedOptimizer",
     Collective.ALLTOALL: "Alltoall is not supported with Join at this time.",
+    Collective.BROADCAST: "Broadcast is not supported with Join at this time.",
 }
 
 # Compared per item and per name: a module name is cheaper than an enum member looked up on
@@ -150,8 +151,6 @@ class Coordinator:
         if absent and kind not in JOINABLE:
             horovod = f" (Horovod: {_NOT_WITH_JOIN[kind]})" if kind in _NOT_WITH_JOIN else ""
             return ("HvdplusError", f"{kind} '{name}' cannot run while ranks {absent} have joined{horovod}")
-        if absent and kind is Collective.BROADCAST and requests[0].agree.root_rank in absent:
-            return ("HvdplusError", f"broadcast '{name}': root rank {requests[0].agree.root_rank} has joined")
         if not entry.needs_check:
             return None
         try:

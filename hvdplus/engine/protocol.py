@@ -38,9 +38,9 @@ class Collective(_TextEnum):
     JOIN = "join"
 
 
-# Collectives that a rank which has joined takes part in, contributing zeros. Allgather and
-# alltoall are not among them, as in Horovod: they fail on the ranks that call them.
-JOINABLE = frozenset({Collective.ALLREDUCE, Collective.BROADCAST, Collective.REDUCESCATTER, Collective.BARRIER})
+# Collectives that a rank which has joined takes part in, contributing zeros. Allgather,
+# alltoall and broadcast are not among them, as in Horovod: they fail on the ranks that call them.
+JOINABLE = frozenset({Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.BARRIER})
 
 
 class Token(enum.Enum):

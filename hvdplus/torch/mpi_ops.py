@@ -1,8 +1,10 @@
 """Collectives on torch tensors, with Horovod's names and arguments.
 
 Every call hands the core a numpy view of the tensor's memory; in-place variants (`_`
-suffix) have the result written straight back into it. `allreduce`, `allgather`,
-`broadcast` and `alltoall` are differentiable when their input requires grad.
+suffix) have the result written straight back into it. `allreduce`, `grouped_allreduce`,
+`allgather`, `grouped_allgather`, `broadcast`, `alltoall`, `reducescatter` and
+`grouped_reducescatter` are differentiable when an input requires grad, with the gradients
+Horovod defines (each autograd Function below says which).
 
 Every collective takes `process_set=` (default: the whole job): it then runs over that
 set's ranks only, averages over their number, and splits rows among them; ranks such as
@@ -72,8 +74,14 @@ def _grouped_arrays(name, tensors, process_set, in_place=False):
         return collectives.grouped_input_error_async(name, error, process_set)
 
 
-def _differentiable(tensor):
-    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
+def _differentiable(*tensors):
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _check_gradient_op(kind, op):
+    """Only Sum and Average have a gradient: RuntimeError for the others."""
+    if op not in (Average, Sum):
+        raise RuntimeError(f"{kind} with op {ReduceOp(op).label} has no gradient; use Sum or Average")
 
 
 # -- all-reduce ---------------------------------------------------------------------------
@@ -106,12 +114,6 @@ def _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compre
     return compression.decompress(reduced, ctx)
 
 
-def _averaged_gradient(grad, process_set):
-    """The Average over `process_set` of every rank's incoming gradient: Horovod's gradient
-    of allgather and broadcast, which treats each rank's loss as its share of one mean."""
-    return _allreduce_plain(grad.contiguous(), None, Average, 1.0, 1.0, Compression.none, process_set)
-
-
 class _AllreduceFunction(torch.autograd.Function):
     """The gradient of an all-reduce is the same all-reduce of the incoming gradients."""
 
@@ -122,12 +124,8 @@ class _AllreduceFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        op, prescale_factor, postscale_factor, compression, process_set = ctx.reduction
-        if op not in (Average, Sum):
-            raise RuntimeError(f"allreduce with op {ReduceOp(op).label} has no gradient; use Sum or Average")
-        grad = _allreduce_plain(grad.contiguous(), None, op, prescale_factor, postscale_factor, compression,
-                                process_set)
-        return grad, None, None, None, None, None, None
+        _check_gradient_op("allreduce", ctx.reduction[0])
+        return _allreduce_plain(grad.contiguous(), None, *ctx.reduction), None, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
@@ -178,13 +176,36 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return core.then(finish)
 
 
+def _grouped_allreduce_plain(tensors, name, op, prescale_factor, postscale_factor, compression, process_set):
+    compressed = [compression.compress(t) for t in tensors]
+    reduced = grouped_allreduce_async([w for w, _ in compressed], None, name, op, prescale_factor, postscale_factor,
+                                      process_set).wait()
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
+
+
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    """The gradient of a grouped all-reduce is the same grouped all-reduce of the incoming
+    gradients."""
+
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, compression, process_set, *tensors):
+        ctx.reduction = (op, prescale_factor, postscale_factor, compression, process_set)
+        return tuple(_grouped_allreduce_plain(tensors, name, *ctx.reduction))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _check_gradient_op("grouped_allreduce", ctx.reduction[0])
+        return (None,) * 6 + tuple(_grouped_allreduce_plain([g.contiguous() for g in grads], None, *ctx.reduction))
+
+
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    """All-reduce `tensors` as one fused group; returns new tensors (not differentiable)."""
-    compressed = [compression.compress(t) for t in tensors]
-    reduced = grouped_allreduce_async([w for w, _ in compressed], average, name, op,
-                                      prescale_factor, postscale_factor, process_set).wait()
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
+    """All-reduce `tensors` as one fused group; returns new tensors; differentiable."""
+    tensors, op = list(tensors), reduce_op_from(average, op)
+    if _differentiable(*tensors):
+        return list(_GroupedAllreduceFunction.apply(name, op, prescale_factor, postscale_factor, compression,
+                                                    process_set, *tensors))
+    return _grouped_allreduce_plain(tensors, name, op, prescale_factor, postscale_factor, compression, process_set)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -204,27 +225,37 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     return core.then(lambda result: to_tensor(result, tensor))
 
 
+def _gathered(tensors, name, grouped, process_set):
+    """Every rank's `tensors` concatenated: one allgather named `name`, or a group of them."""
+    if grouped:
+        return grouped_allgather_async(tensors, name, process_set).wait()
+    return [allgather_async(tensors[0], name, process_set).wait()]
+
+
 class _AllgatherFunction(torch.autograd.Function):
-    """Each rank's input gets the sum over ranks of the gradient rows it contributed."""
+    """Each rank's input gets its own rows of the ranks' average incoming gradient (Horovod's
+    gradients of allgather and broadcast take each rank's loss as its share of one mean)."""
 
     @staticmethod
-    def forward(ctx, tensor, name, process_set):
-        rank = set_runtime(process_set, "allgather()").topology.rank  # this rank's place in the set
-        rows = collectives.allgather(np.array([tensor.shape[0]], dtype=np.int64), process_set=process_set)
-        ctx.rows = (int(rows[:rank].sum()), int(rows[rank]))
-        ctx.process_set = process_set
-        return allgather_async(tensor, name, process_set).wait()
+    def forward(ctx, name, grouped, process_set, *tensors):
+        gathered = _gathered(list(tensors), name, grouped, process_set)
+        ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
+        return tuple(gathered)
 
     @staticmethod
-    def backward(ctx, grad):
-        start, count = ctx.rows
-        return _averaged_gradient(grad, ctx.process_set)[start:start + count], None, None
+    def backward(ctx, *grads):
+        process_set = ctx.process_set
+        averaged = grouped_allreduce_async([g.contiguous() for g in grads], op=Average, process_set=process_set)
+        every_rows = collectives.allgather(np.array([ctx.rows], dtype=np.int64), process_set=process_set)
+        starts = every_rows[:set_runtime(process_set, "allgather()").topology.rank].sum(axis=0)
+        mine = [g[int(start):int(start) + rows] for g, start, rows in zip(averaged.wait(), starts, ctx.rows)]
+        return (None, None, None, *mine)
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's `tensor` concatenated along dimension 0; differentiable."""
     if _differentiable(tensor):
-        return _AllgatherFunction.apply(tensor, name, process_set)
+        return _AllgatherFunction.apply(name, False, process_set, tensor)[0]
     return allgather_async(tensor, name, process_set).wait()
 
 
@@ -237,7 +268,10 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """Allgather each of `tensors`; returns a list."""
+    """Allgather each of `tensors`; returns a list; differentiable."""
+    tensors = list(tensors)
+    if _differentiable(*tensors):
+        return list(_AllgatherFunction.apply(name, True, process_set, *tensors))
     return grouped_allgather_async(tensors, name, process_set).wait()
 
 
@@ -268,7 +302,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 
 class _BroadcastFunction(torch.autograd.Function):
-    """The root's input gets the sum of every rank's gradient; the others get zeros."""
+    """The root's input gets the ranks' average incoming gradient; the others get zeros."""
 
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
@@ -277,7 +311,7 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        averaged = _averaged_gradient(grad, ctx.process_set)
+        averaged = _allreduce_plain(grad.contiguous(), None, Average, 1.0, 1.0, Compression.none, ctx.process_set)
         return (averaged if ctx.is_root else torch.zeros_like(averaged)), None, None, None
 
 
@@ -333,8 +367,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return received if splits is None else (received, received_splits)
 
 
-def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                        process_set=global_process_set):
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
     """Start a reduction of which this rank keeps its block of rows."""
     failed = _checked("reducescatter", name, [tensor], process_set)
     if failed:
@@ -344,26 +378,65 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, post
     return core.then(lambda result: to_tensor(result, tensor))
 
 
-def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                  process_set=global_process_set):
-    """Reduce `tensor` over ranks; the r-th rank of `process_set` keeps block r of the rows."""
-    return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor, process_set).wait()
-
-
-def grouped_reducescatter_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                                process_set=global_process_set):
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
     """Start reduce-scatters of several tensors; synchronize returns a list."""
     tensors = list(tensors)
     base = set_runtime(process_set, "grouped_reducescatter()").name_for("grouped_reducescatter", name)
-    handles = [reducescatter_async(t, op, f"{base}.{i}", prescale_factor, postscale_factor, process_set)
+    handles = [reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor, postscale_factor)
                for i, t in enumerate(tensors)]
     return HandleGroup(base, handles)
 
 
-def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                          process_set=global_process_set):
-    """Reduce-scatter each of `tensors`; returns a list."""
-    return grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor, process_set).wait()
+def _scattered(tensors, name, grouped, op, process_set, prescale_factor, postscale_factor, compression):
+    """This rank's block of each of `tensors` reduced: one reducescatter named `name`, or a
+    group of them."""
+    compressed = [compression.compress(t) for t in tensors]
+    wires = [w for w, _ in compressed]
+    if grouped:
+        blocks = grouped_reducescatter_async(wires, name, op, process_set, prescale_factor, postscale_factor).wait()
+    else:
+        blocks = [reducescatter_async(wires[0], name, op, process_set, prescale_factor, postscale_factor).wait()]
+    return [compression.decompress(block, ctx) for block, (_, ctx) in zip(blocks, compressed)]
+
+
+class _ReducescatterFunction(torch.autograd.Function):
+    """Horovod's gradient: every rank's incoming gradient gathered, times the scale factors,
+    and times the set's size for Sum."""
+
+    @staticmethod
+    def forward(ctx, name, grouped, op, process_set, prescale_factor, postscale_factor, compression, *tensors):
+        blocks = _scattered(list(tensors), name, grouped, op, process_set, prescale_factor, postscale_factor,
+                            compression)
+        ctx.op, ctx.scale, ctx.process_set = op, prescale_factor * postscale_factor, process_set
+        return tuple(blocks)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _check_gradient_op("reducescatter", ctx.op)
+        scale = ctx.scale * (set_runtime(ctx.process_set, "reducescatter()").topology.size if ctx.op == Sum else 1)
+        gathered = grouped_allgather_async([(g * scale).contiguous() for g in grads], process_set=ctx.process_set)
+        return (None,) * 7 + tuple(gathered.wait())
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce `tensor` over ranks; the r-th rank of `process_set` keeps block r of the rows;
+    differentiable."""
+    arguments = (name, False, op, process_set, prescale_factor, postscale_factor, compression)
+    if _differentiable(tensor):
+        return _ReducescatterFunction.apply(*arguments, tensor)[0]
+    return _scattered([tensor], *arguments)[0]
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce-scatter each of `tensors`; returns a list; differentiable."""
+    tensors = list(tensors)
+    arguments = (name, True, op, process_set, prescale_factor, postscale_factor, compression)
+    if _differentiable(*tensors):
+        return list(_ReducescatterFunction.apply(*arguments, *tensors))
+    return _scattered(tensors, *arguments)
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):

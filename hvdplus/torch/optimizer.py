@@ -197,8 +197,10 @@ class _DistributedOptimizer:
         return finish
 
     def _allgather_sparse_gradient(self, param):
-        """Sparse gradients (e.g. nn.Embedding(sparse=True)) are gathered, not densified:
-        every rank's rows are concatenated and summed where they repeat."""
+        """Sparse gradients (e.g. nn.Embedding(sparse=True)) are gathered, not densified, as
+        Horovod's sparse_allreduce does: every rank's rows are concatenated, scaled as the
+        reduction scales them (Average divides by the size) and summed where they repeat. The
+        gradient stays sparse, so torch.optim.SparseAdam takes it."""
         grad = param.grad.coalesce()
         name = self._names[param]
         indices = allgather_async(grad.indices().t().contiguous(), name=f"sparse_indices.{name}",
