@@ -51,3 +51,12 @@ def test_overlap_spellings(raw, mode):
 ])
 def test_overlap_needs_a_spare_core_per_rank(mode, ranks, cores, expected):
     assert overlaps_compute(mode, ranks, cores) is expected
+
+
+def test_the_configuration_page_lists_every_setting_as_declared():
+    from testkit import settings_tables
+
+    with open(settings_tables.PAGE) as file:
+        page = file.read()
+    assert settings_tables.rewritten(page) == page, "run python tests/testkit/settings_tables.py"
+    assert all(f"`{setting.names[0]}`" in page for setting in settings_tables.SETTINGS)

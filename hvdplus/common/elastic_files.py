@@ -17,9 +17,11 @@ replaced atomically, so a reader sees the old content or the new, whole.
 import json
 import os
 
+from .settings import env_names
+
 __all__ = ["GENERATION_ENV", "write_atomically", "write_hosts", "read_hosts_generation"]
 
-GENERATION_ENV = "HVDPLUS_ELASTIC_GENERATION"
+GENERATION_ENV = env_names("ELASTIC_GENERATION")[0]
 _HOSTS = "hosts.json"
 
 

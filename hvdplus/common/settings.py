@@ -1,20 +1,27 @@
-"""Every tunable of hvdplus, read once from the environment into one frozen object.
+"""Every tunable of hvdplus, declared once, and read once from the environment into one frozen
+`Settings`.
 
-The launcher (`hvdplusrun`) turns its flags into these environment variables, so a job
-started by plain `mpirun` is configured the same way. Each `HVDPLUS_*` name also
-accepts the `HOROVOD_*` spelling that existing job scripts already export.
+Each `Setting` below names its variable, how its text is read, its default and what it means;
+`hvdplusrun`'s tuning flags (hvdplus.runner.tuning) and the tables of docs/configuration.md
+(written by docs/hooks/settings_tables.py when the site is built) come from the same
+declarations. The launcher turns its flags into these variables, so a job started by plain
+`mpirun` is configured the same way. Each `HVDPLUS_*` name also accepts the `HOROVOD_*` spelling
+that existing job scripts already export.
 """
 
+import argparse
 import dataclasses
 import os
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Tuple
 
-__all__ = ["Settings", "ALLREDUCE_ALGORITHMS", "OVERLAP_MODES", "env_names", "overlaps_compute"]
+__all__ = ["Settings", "Setting", "LauncherFlag", "SETTINGS", "ALLREDUCE_ALGORITHMS", "OVERLAP_MODES", "env_names",
+           "overlaps_compute"]
 
 ALLREDUCE_ALGORITHMS = ("auto", "mpi", "ring", "hierarchical", "shm")
 OVERLAP_MODES = ("auto", "on", "off")
 
 MIB = 1024 * 1024
+_OFF = ("0", "false", "no", "off")
 
 
 def env_names(suffix: str):
@@ -22,101 +29,231 @@ def env_names(suffix: str):
     return ("HVDPLUS_" + suffix, "HOROVOD_" + suffix)
 
 
-def _lookup(environ: Mapping[str, str], suffix: str) -> Optional[str]:
-    for name in env_names(suffix):
-        value = environ.get(name)
-        if value not in (None, ""):
-            return value
-    return None
-
-
-def _number(environ, suffix, default, kind=float):
-    raw = _lookup(environ, suffix)
-    if raw is None:
-        return default
+# -- how a variable's text is read (each raises ValueError saying what it expected) -----------
+def _integer(text: str) -> int:
     try:
-        return kind(raw)
+        return int(text)
     except ValueError:
-        raise ValueError(
-            f"{env_names(suffix)[0]}={raw!r} is not a valid {kind.__name__}"
-        ) from None
+        raise ValueError("is not a valid int") from None
 
 
-def _flag(environ, suffix) -> bool:
-    raw = _lookup(environ, suffix)
-    return raw is not None and raw.strip().lower() not in ("0", "false", "no", "off")
+def _decimal(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("is not a valid float") from None
+
+
+def _positive_integer(text: str) -> int:
+    value = _integer(text)
+    if value < 0:
+        raise ValueError(f"must be positive, got {value}")
+    return value
+
+
+def _switch(text: str) -> bool:
+    return text.strip().lower() not in _OFF
+
+
+def _yes(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _choice(choices: Tuple[str, ...], spellings: Mapping[str, str] = None) -> Callable[[str], str]:
+    def read(text: str) -> str:
+        value = text.strip().lower()
+        value = (spellings or {}).get(value, value)
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+    return read
+
+
+# -- how a launcher flag's value is checked and written for the ranks -------------------------
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}")
+    return int(text)
+
+
+def _shortest(value: float) -> str:
+    return format(value, "g")
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
-    """Configuration of one process; every variable is described in docs/configuration.md."""
+class LauncherFlag:
+    """The `hvdplusrun` flag that sets a variable: its spelling, how its value becomes the
+    variable's text, and its argparse options."""
 
-    fusion_threshold_bytes: int = 64 * MIB
-    cycle_time_ms: float = 1.0
-    cache_capacity: int = 1024
-    timeline_path: Optional[str] = None
-    allreduce_algorithm: str = "auto"
-    stall_check_seconds: float = 60.0
-    stall_shutdown_seconds: float = 0.0
-    node_id: Optional[str] = None
-    ranks_per_node: int = 0
-    overlap: str = "auto"
-    single_copy: bool = True
-    elastic_dir: Optional[str] = None
-    ulfm: bool = False
-    in_place_recovery: bool = False
-    elastic_min_np: int = 1
-    autotune: bool = False
-    autotune_log: Optional[str] = None
-    autotune_warmup_samples: int = 3
-    autotune_steps_per_sample: int = 10
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
-        algorithm = (_lookup(environ, "ALLREDUCE_ALGO") or "auto").lower()
-        if _flag(environ, "HIERARCHICAL_ALLREDUCE") and algorithm == "auto":
-            algorithm = "hierarchical"
-        if algorithm not in ALLREDUCE_ALGORITHMS:
-            raise ValueError(
-                f"HVDPLUS_ALLREDUCE_ALGO={algorithm!r}; expected one of {', '.join(ALLREDUCE_ALGORITHMS)}"
-            )
-        ranks_per_node = _number(environ, "RANKS_PER_NODE", 0, int)
-        if ranks_per_node < 0:
-            raise ValueError(f"HVDPLUS_RANKS_PER_NODE must be positive, got {ranks_per_node}")
-        overlap = (_lookup(environ, "OVERLAP") or "auto").strip().lower()
-        overlap = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(overlap, overlap)
-        if overlap not in OVERLAP_MODES:
-            raise ValueError(f"HVDPLUS_OVERLAP={overlap!r}; expected one of {', '.join(OVERLAP_MODES)}")
-        return cls(
-            fusion_threshold_bytes=_number(environ, "FUSION_THRESHOLD", cls.fusion_threshold_bytes, int),
-            cycle_time_ms=_number(environ, "CYCLE_TIME", cls.cycle_time_ms),
-            cache_capacity=_number(environ, "CACHE_CAPACITY", cls.cache_capacity, int),
-            timeline_path=_lookup(environ, "TIMELINE"),
-            allreduce_algorithm=algorithm,
-            stall_check_seconds=_number(environ, "STALL_CHECK_TIME_SECONDS", cls.stall_check_seconds),
-            stall_shutdown_seconds=_number(environ, "STALL_SHUTDOWN_TIME_SECONDS", cls.stall_shutdown_seconds),
-            node_id=_lookup(environ, "NODE_ID"),
-            ranks_per_node=ranks_per_node,
-            overlap=overlap,
-            single_copy=_lookup(environ, "SINGLE_COPY") is None or _flag(environ, "SINGLE_COPY"),
-            elastic_dir=_lookup(environ, "ELASTIC_DIR"),
-            elastic_min_np=_number(environ, "ELASTIC_MIN_NP", cls.elastic_min_np, int),
-            autotune=_flag(environ, "AUTOTUNE"),
-            autotune_log=_lookup(environ, "AUTOTUNE_LOG"),
-            autotune_warmup_samples=_number(environ, "AUTOTUNE_WARMUP_SAMPLES", cls.autotune_warmup_samples, int),
-            autotune_steps_per_sample=_number(environ, "AUTOTUNE_STEPS_PER_SAMPLE", cls.autotune_steps_per_sample,
-                                              int),
-            ulfm=_ulfm(environ),
-            in_place_recovery=_ulfm(environ) and (
-                _lookup(environ, "ELASTIC_IN_PLACE") is None or _flag(environ, "ELASTIC_IN_PLACE")),
-        )
+    spelling: str
+    to_env: Callable[[Any], str]
+    options: Mapping[str, Any]
+    shown: str = ""  # how docs write it, with its value (`--cycle-time-ms MS`); the spelling when empty
 
 
-def _ulfm(environ: Mapping[str, str]) -> bool:
-    """Whether MPI lets the ranks outlive a dead one: Open MPI started with `--with-ft ulfm`
-    (which `hvdplusrun` passes to elastic jobs). The survivors then re-form the job in
-    place, unless HVDPLUS_ELASTIC_IN_PLACE=0 asks the launcher to restart it instead."""
-    return environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in ("1", "true", "yes", "on")
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One tunable.
+
+    Args:
+        field: its attribute of `Settings`.
+        variable: the variable's name after `HVDPLUS_` (and `HOROVOD_`); a full name when
+            `spelled_out`.
+        read: the variable's text into the value; raises ValueError saying what it expected.
+        default: the value when the variable is unset or empty.
+        meaning: what it does, for docs/configuration.md.
+        section: the docs table it belongs in ("engine", "topology" or "elastic").
+        shown_default: how the docs write the default; `default` when empty.
+        flag: the launcher flag that sets it, if any.
+        spelled_out: `variable` is a whole name that no prefix is added to (another program's).
+    """
+
+    field: str
+    variable: str
+    read: Callable[[str], Any]
+    default: Any
+    meaning: str
+    section: str
+    shown_default: str = ""
+    flag: Optional[LauncherFlag] = None
+    spelled_out: bool = False
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return (self.variable,) if self.spelled_out else env_names(self.variable)
+
+    def value(self, environ: Mapping[str, str]) -> Any:
+        for name in self.names:
+            text = environ.get(name)
+            if text not in (None, ""):
+                try:
+                    return self.read(text)
+                except ValueError as error:
+                    raise ValueError(f"{self.names[0]}={text!r} {error}") from None
+        return self.default
+
+
+def _flag(spelling: str, to_env: Callable[[Any], str], shown: str = "", **options) -> LauncherFlag:
+    return LauncherFlag(spelling, to_env, options, shown)
+
+
+SETTINGS = (
+    # The engine and its algorithms.
+    Setting("fusion_threshold_bytes", "FUSION_THRESHOLD", _integer, 64 * MIB,
+            "largest fused all-reduce, in bytes (the flag takes MiB)", "engine", "67108864 (64 MiB)",
+            _flag("--fusion-threshold-mb", lambda mb: str(int(mb * MIB)), "--fusion-threshold-mb MB",
+                  type=_non_negative, metavar="MB", help="fuse tensors into buffers of up to MB MiB")),
+    Setting("cycle_time_ms", "CYCLE_TIME", _decimal, 1.0,
+            "the engine thread's cycle while work is in flight, in milliseconds", "engine", "1",
+            _flag("--cycle-time-ms", _shortest, "--cycle-time-ms MS",
+                  type=_non_negative, metavar="MS", help="milliseconds between negotiation cycles")),
+    Setting("cache_capacity", "CACHE_CAPACITY", _integer, 1024,
+            "names the response cache holds; 0 turns it off", "engine", "",
+            _flag("--cache-capacity", str, "--cache-capacity N",
+                  type=_count, metavar="N", help="collectives whose negotiation is cached (0: none)")),
+    Setting("timeline_path", "TIMELINE", _text, None,
+            "write a Chrome-trace timeline to this path (rank 0)", "engine", "unset",
+            _flag("--timeline-filename", os.path.abspath, "--timeline-filename PATH",
+                  metavar="PATH", help="write a Chrome-trace timeline of collectives to PATH")),
+    Setting("allreduce_algorithm", "ALLREDUCE_ALGO", _choice(ALLREDUCE_ALGORITHMS), "auto",
+            "`auto`, `mpi`, `ring`, `hierarchical` or `shm` ([algorithms](algorithms.md))", "engine", "`auto`",
+            _flag("--allreduce-algo", str, "--allreduce-algo NAME",
+                  choices=ALLREDUCE_ALGORITHMS, help="allreduce algorithm (default: auto)")),
+    Setting("hierarchical_allreduce", "HIERARCHICAL_ALLREDUCE", _switch, False,
+            "any value but `0`, `false`, `no`, `off` means `HVDPLUS_ALLREDUCE_ALGO=hierarchical` when that is "
+            "`auto`", "engine", "off",
+            _flag("--hierarchical-allreduce", lambda _: "1",
+                  action="store_true", default=None, help="reduce within each node, then across nodes")),
+    Setting("autotune", "AUTOTUNE", _switch, False,
+            "tune the fusion threshold, the cycle time and, across nodes, the all-reduce algorithm by measuring "
+            "the first steps ([performance](performance.md#autotuning))", "engine", "off",
+            _flag("--autotune", lambda _: "1", action="store_true", default=None,
+                  help="tune fusion threshold, cycle time and (across nodes) algorithm while training")),
+    Setting("autotune_log", "AUTOTUNE_LOG", _text, None,
+            "the autotuner's samples and choice, as CSV (rank 0)", "engine", "unset",
+            _flag("--autotune-log-file", os.path.abspath, "--autotune-log-file PATH",
+                  metavar="PATH", help="write the autotuner's samples and choice to PATH as CSV")),
+    Setting("autotune_warmup_samples", "AUTOTUNE_WARMUP_SAMPLES", _integer, 3,
+            "samples measured and dropped before tuning starts", "engine"),
+    Setting("autotune_steps_per_sample", "AUTOTUNE_STEPS_PER_SAMPLE", _integer, 10,
+            "engine cycles with all-reduce work in one sample", "engine"),
+    Setting("stall_check_seconds", "STALL_CHECK_TIME_SECONDS", _decimal, 60.0,
+            "rank 0 logs names that some ranks submitted and others did not for this long; 0 turns the check "
+            "off", "engine", "60",
+            _flag("--stall-check-time-seconds", _shortest, "--stall-check-time-seconds S",
+                  type=_non_negative, metavar="S", help="warn when ranks wait for each other this long")),
+    Setting("stall_shutdown_seconds", "STALL_SHUTDOWN_TIME_SECONDS", _decimal, 0.0,
+            "stalled operations fail with `StalledError` on every rank after this long (needs the stall check "
+            "on)", "engine", "0 (never)",
+            _flag("--stall-shutdown-time-seconds", _shortest, "--stall-shutdown-time-seconds S",
+                  type=_non_negative, metavar="S", help="abort after a stall this long (0: never)")),
+    Setting("overlap", "OVERLAP", _choice(OVERLAP_MODES, {"1": "on", "true": "on", "yes": "on", "0": "off",
+                                                          "false": "off", "no": "off"}), "auto",
+            "`on` runs agreed collectives in the background at once; `off` holds them until a rank waits; `auto` "
+            "chooses by cores per rank ([design](design.md#overlap-or-not)); also `1`/`true`/`yes` and "
+            "`0`/`false`/`no`", "engine", "`auto`"),
+    Setting("single_copy", "SINGLE_COPY", _switch, True,
+            "`0` (or `false`, `no`, `off`) stops reading peers' memory directly (`process_vm_readv`) inside a "
+            "node", "engine", "on"),
+    # Where the ranks are.
+    Setting("node_id", "NODE_ID", _text, None,
+            "pretend this process is on the node with this id (any string)", "topology", "unset"),
+    Setting("ranks_per_node", "RANKS_PER_NODE", _positive_integer, 0,
+            "pretend blocks of k consecutive ranks are nodes", "topology", "0 (off)"),
+    # Elastic jobs.
+    Setting("elastic_dir", "ELASTIC_DIR", _text, None,
+            "the folder the launcher keeps for the job across its launches, where it announces added slots; the "
+            "same path followed by `commits` is where each host keeps its copy of the commits; unset, commits "
+            "stay in memory and a job that would have to restart ends with an error", "elastic", "unset",
+            _flag("any elastic flag", str)),
+    Setting("elastic_in_place", "ELASTIC_IN_PLACE", _switch, True,
+            "where MPI lets the ranks outlive a dead one, re-form the job on the survivors; `0` (or `false`, "
+            "`no`, `off`) ends it for the launcher to restart instead", "elastic", "on",
+            _flag("--no-in-place", lambda _: "0", "`--no-in-place` sets `0`")),
+    Setting("elastic_min_np", "ELASTIC_MIN_NP", _integer, 1,
+            "fewest ranks that go on in place; fewer survivors end the job for a restart", "elastic", "",
+            _flag("--min-np", str, "--min-np N")),
+    Setting("elastic_generation", "ELASTIC_GENERATION", _integer, 0,
+            "which announcement of new slots this launch began with; set by the launcher, not by hand", "elastic"),
+    Setting("ulfm", "OMPI_MCA_mpi_ft_enable", _yes, False,
+            "`1`, `true`, `yes` or `on`: Open MPI lets the ranks outlive a dead one (ULFM), so an elastic job "
+            "re-forms in place", "elastic", "unset",
+            _flag("(Open MPI's `mpirun --with-ft ulfm`)", str), spelled_out=True),
+)
+
+
+def _from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
+    values = {setting.field: setting.value(environ) for setting in SETTINGS}
+    if values["hierarchical_allreduce"] and values["allreduce_algorithm"] == "auto":
+        values["allreduce_algorithm"] = "hierarchical"
+    return cls(**values)
+
+
+Settings = dataclasses.make_dataclass(
+    "Settings", [(setting.field, Any, dataclasses.field(default=setting.default)) for setting in SETTINGS],
+    frozen=True,
+    namespace={
+        "__doc__": "Configuration of one process: one attribute per declaration in SETTINGS.",
+        "from_env": classmethod(_from_env),
+        # Whether the survivors of a dead rank re-form the job in place: MPI lets them outlive it
+        # (Open MPI started with `--with-ft ulfm`, which hvdplusrun passes to elastic jobs), and
+        # HVDPLUS_ELASTIC_IN_PLACE does not leave it to the launcher to restart the job instead.
+        "in_place_recovery": property(lambda self: self.ulfm and self.elastic_in_place),
+    },
+)
+
+Settings.__module__ = __name__
 
 
 def overlaps_compute(mode: str, ranks_on_node: int, cores: Optional[int] = None) -> bool:

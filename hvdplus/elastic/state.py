@@ -10,7 +10,6 @@ that must restart. `commit()` is also where the ranks learn that slots were adde
 
 import copy
 import itertools
-import os
 from typing import Any, Callable, Dict, List, Optional
 
 from ..common import elastic_files
@@ -206,4 +205,4 @@ def _elastic_dir() -> Optional[str]:
 
 
 def _launch_generation() -> int:
-    return int(os.environ.get(elastic_files.GENERATION_ENV, "0") or 0)
+    return runtime.current("elastic state").settings.elastic_generation
