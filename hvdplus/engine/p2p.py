@@ -43,257 +43,53 @@ The calls use nonblocking MPI on the calling thread (MPI runs at MPI_THREAD_MULT
 a communicator of their own, away from the engine's collectives.
 """
 
-import json
 import numbers
 import threading
 import time
 import weakref
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import numpy as np
 
-from ..common.dtypes import check_supported, dtype_name
-from ..common.errors import HvdplusError, RanksFailedError
+from ..comm.point_to_point import Link, Operation, Recv, Send, tag_text
+from ..common.dtypes import check_supported
 from . import runtime
 from .handles import chained
 from .process_sets import set_runtime
 
 __all__ = ["send", "recv", "send_async", "recv_async", "tag_limit", "P2PHandle"]
 
-# Headers and acknowledgements are JSON of at most this many bytes: a header describes a
-# shape of at most 64 dimensions, an acknowledgement carries an error naming two of them.
-_MESSAGE_BYTES = 8192
-# Wire tags: bits 0-1 say what a message is. Headers carry the caller's tag and channel;
-# data and acknowledgements carry the sender's sequence number for that destination, so
-# each belongs to exactly one header whatever order the messages are waited for in.
-_HEADER, _DATA, _ACK = 0, 1, 2
 # Polling backoff while waiting: yield the core at once, then sleep up to this long.
 _SPIN_ROUNDS = 64
 _MAX_PAUSE_S = 0.0002
 
 
-class _Link:
-    """The point-to-point state of one job runtime: its communicator, the next sequence
-    number for each destination and the operations in flight."""
-
-    def __init__(self, live: "runtime.Runtime"):
-        from mpi4py import MPI
-
-        self.runtime = weakref.ref(live)
-        self.comm = live.p2p_comm
-        self.rank = live.topology.rank
-        self.size = live.topology.size
-        upper = self.comm.Get_attr(MPI.TAG_UB)
-        self.tag_limit = (upper + 1) // 8  # tag * 8 + gradient * 4 + _HEADER <= upper
-        self.sequence_limit = (upper + 1) // 4
-        self.next_sequence = {}
-        self.pending = []
-        self.lock = threading.Lock()
-
-    def take_sequence(self, dst: int) -> int:
-        sequence = self.next_sequence.get(dst, 0)
-        self.next_sequence[dst] = (sequence + 1) % self.sequence_limit
-        return sequence
-
-    def progress(self) -> None:
-        """Test every operation in flight once, moving each on as far as it can go."""
-        from mpi4py import MPI
-
-        with self.lock:
-            for operation in list(self.pending):
-                if operation.done:  # failed along with another one
-                    continue
-                try:
-                    operation.advance()
-                except MPI.Exception as exc:
-                    self.fail(operation, exc)
-            self.pending = [operation for operation in self.pending if not operation.done]
-
-    def start(self, operation: "_Operation") -> None:
-        from mpi4py import MPI
-
-        with self.lock:
-            try:
-                operation.begin()
-            except MPI.Exception as exc:
-                self.pending.append(operation)
-                self.fail(operation, exc)
-                self.pending = [operation for operation in self.pending if not operation.done]
-            else:
-                self.pending.append(operation)
-
-    def fail(self, operation: "_Operation", exc) -> None:
-        """An MPI error in `operation`. A dead peer (or a communicator revoked because one
-        died) fails every message in flight, as the communicators are then revoked."""
-        from ..comm.failures import failed_ranks, is_process_failure
-
-        if not is_process_failure(exc):
-            operation.finish(error=HvdplusError(f"{operation.what}: MPI failed: {exc}"))
-            return
-        failed = failed_ranks(self.comm)
-        live = self.runtime()
-        if live is not None and live.settings.ulfm:
-            live.revoke()
-        for pending in self.pending:
-            if not pending.done:
-                pending.finish(error=RanksFailedError.seen_on(self.rank, self.size, failed, pending.what))
-
-
-_links = weakref.WeakKeyDictionary()
+_links = weakref.WeakKeyDictionary()  # a runtime's link, made on first use
 _links_lock = threading.Lock()
 
 
-def _link(live) -> _Link:
+def _link(live) -> Link:
     with _links_lock:
         link = _links.get(live)
         if link is None:
-            link = _links[live] = _Link(live)
+            link = _links[live] = Link(live.p2p_comm, _revoker(weakref.ref(live)))
         return link
+
+
+def _revoker(live_ref) -> Callable[[], None]:
+    """What a link calls when a peer died: revoke the runtime's communicators (with MPI's
+    failure mitigation on), as a collective that sees a rank die does."""
+    def revoke() -> None:
+        live = live_ref()
+        if live is not None and live.settings.ulfm:
+            live.revoke()
+    return revoke
 
 
 def tag_limit() -> int:
     """Tags of point-to-point messages are below this (2**28 with Open MPI; MPI's minimum
     tag bound gives 4096)."""
     return _link(runtime.current("tag_limit()")).tag_limit
-
-
-def _tag_text(tag: int, gradient: bool) -> str:
-    return f"tag {tag}" + (" (gradient)" if gradient else "")
-
-
-def _description(dtype: str, shape) -> str:
-    return f"{dtype} of shape {tuple(shape)}"
-
-
-class _Operation:
-    """One message in flight on this rank: the MPI requests of its current step."""
-
-    def __init__(self, link: _Link, peer: int, tag: int, gradient: bool, what: str):
-        self.link = link
-        self.peer = peer
-        self.tag = tag
-        self.gradient = gradient
-        self.what = what
-        self.requests = []
-        self.done = False
-        self.error = None
-        self.result = None
-
-    @property
-    def header_tag(self) -> int:
-        return self.tag * 8 + (4 if self.gradient else 0) + _HEADER
-
-    def advance(self) -> None:
-        """Test the current step's requests; while a step completes, take the next one."""
-        while not self.done:
-            self.requests = [request for request in self.requests if not request.Test()]
-            if self.requests:
-                return
-            self.step()
-
-    def finish(self, result=None, error=None) -> None:
-        self.result, self.error, self.done = result, error, True
-        self.requests = []
-
-    def begin(self) -> None:
-        raise NotImplementedError
-
-    def step(self) -> None:
-        raise NotImplementedError
-
-
-def _encode(message: dict) -> bytes:
-    data = json.dumps(message).encode()
-    if len(data) > _MESSAGE_BYTES:
-        raise ValueError(f"point-to-point control message of {len(data)} bytes is too long")
-    return data
-
-
-def _decode(buffer: bytearray) -> dict:
-    return json.loads(bytes(buffer).rstrip(b"\0"))
-
-
-def _bytes_of(array: np.ndarray) -> np.ndarray:
-    """A uint8 view over a C-contiguous array's memory (MPI moves bytes; bfloat16 and
-    bool have no MPI type of their own)."""
-    return array.reshape(-1).view(np.uint8)
-
-
-class _Send(_Operation):
-    def __init__(self, link, dst, tag, gradient, array: np.ndarray):
-        super().__init__(link, dst, tag, gradient, f"send to rank {dst} with {_tag_text(tag, gradient)}")
-        self.array = array
-        self.header = None
-        self.ack = bytearray(_MESSAGE_BYTES)
-
-    def begin(self) -> None:
-        from mpi4py import MPI
-
-        comm, dst = self.link.comm, self.peer
-        sequence = self.link.take_sequence(dst)
-        self.header = _encode({"dtype": dtype_name(self.array.dtype), "shape": list(self.array.shape),
-                               "nbytes": self.array.nbytes, "tag": self.tag, "sequence": sequence})
-        self.requests = [
-            comm.Isend([self.header, MPI.BYTE], dest=dst, tag=self.header_tag),
-            comm.Isend([_bytes_of(self.array), MPI.BYTE], dest=dst, tag=sequence * 4 + _DATA),
-            comm.Irecv([self.ack, MPI.BYTE], source=dst, tag=sequence * 4 + _ACK),
-        ]
-
-    def step(self) -> None:
-        answer = _decode(self.ack)
-        self.array = None
-        if answer.get("ok"):
-            self.finish()
-        else:
-            self.finish(error=ValueError(answer["error"]))
-
-
-class _Recv(_Operation):
-    def __init__(self, link, src, tag, gradient, array: np.ndarray):
-        super().__init__(link, src, tag, gradient, f"recv from rank {src} with {_tag_text(tag, gradient)}")
-        self.array = array
-        self.header = bytearray(_MESSAGE_BYTES)
-        self.sequence = None
-        self.mismatch = None
-        self.acknowledged = False
-        self.outgoing = None
-
-    def begin(self) -> None:
-        from mpi4py import MPI
-
-        self.requests = [self.link.comm.Irecv([self.header, MPI.BYTE], source=self.peer, tag=self.header_tag)]
-
-    def step(self) -> None:
-        from mpi4py import MPI
-
-        comm = self.link.comm
-        if self.sequence is None:  # the header is in: take the data, or drain it on a mismatch
-            header = _decode(self.header)
-            self.sequence = header["sequence"]
-            into = self._check(header)
-            self.requests = [comm.Irecv([into, MPI.BYTE], source=self.peer, tag=self.sequence * 4 + _DATA)]
-        elif not self.acknowledged:
-            self.acknowledged = True
-            answer = {"ok": True} if self.mismatch is None else {"ok": False, "error": self.mismatch}
-            self.outgoing = _encode(answer)  # held until the send completes
-            self.requests = [comm.Isend([self.outgoing, MPI.BYTE], dest=self.peer, tag=self.sequence * 4 + _ACK)]
-        elif self.mismatch is None:
-            self.finish(result=self.array)
-        else:
-            self.finish(error=ValueError(self.mismatch))
-
-    def _check(self, header: dict):
-        """Where the data goes: the array, or a scratch buffer when the header does not
-        match it (the message must still be received, so that the sender's completes)."""
-        expected = (dtype_name(self.array.dtype), list(self.array.shape))
-        if (header["dtype"], header["shape"]) == expected:
-            return _bytes_of(self.array)
-        me, src = self.link.rank, self.peer
-        self.mismatch = (
-            f"point-to-point message from rank {src} to rank {me} with {_tag_text(self.tag, self.gradient)} "
-            f"does not match: rank {src} sent {_description(header['dtype'], header['shape'])}, rank {me} expected "
-            f"{_description(*expected)}")
-        return bytearray(header["nbytes"])
 
 
 class P2PHandle:
@@ -303,7 +99,7 @@ class P2PHandle:
 
     __slots__ = ("name", "_operation", "_finish")
 
-    def __init__(self, operation: _Operation):
+    def __init__(self, operation: Operation):
         self.name = operation.what
         self._operation = operation
         self._finish = None
@@ -411,8 +207,8 @@ def send_async(array, dst: int, tag: int = 0, process_set=None, *, gradient: boo
     """
     link, dst, tag = _arguments(dst, tag, process_set, "dst", "send")
     data = np.asarray(array)
-    check_supported(data.dtype, f"send to rank {dst} with {_tag_text(tag, gradient)}")
-    operation = _Send(link, dst, tag, gradient, data if data.flags.c_contiguous else np.ascontiguousarray(data))
+    check_supported(data.dtype, f"send to rank {dst} with {tag_text(tag, gradient)}")
+    operation = Send(link, dst, tag, gradient, data if data.flags.c_contiguous else np.ascontiguousarray(data))
     link.start(operation)
     return P2PHandle(operation)
 
@@ -432,8 +228,8 @@ def recv_async(array_or_shape: Union[np.ndarray, int, Sequence[int]], src: int, 
         gradient: as in send_async.
     """
     link, src, tag = _arguments(src, tag, process_set, "src", "recv")
-    array = _receiving_array(array_or_shape, dtype, f"recv from rank {src} with {_tag_text(tag, gradient)}")
-    operation = _Recv(link, src, tag, gradient, array)
+    array = _receiving_array(array_or_shape, dtype, f"recv from rank {src} with {tag_text(tag, gradient)}")
+    operation = Recv(link, src, tag, gradient, array)
     link.start(operation)
     return P2PHandle(operation)
 

@@ -42,7 +42,7 @@ class Runtime:
         # Process sets (see process_sets.py) are made and removed on this communicator,
         # never on the engine's, whose collectives run on the engine thread.
         self.admin_comm = topology.comm.Dup() if ranks is None else None
-        # Point-to-point messages (p2p.py) between job ranks, away from the collectives.
+        # Point-to-point messages (p2p.py, comm/point_to_point.py) between job ranks, away from the collectives.
         self.p2p_comm = topology.comm.Dup() if ranks is None else None
         self.process_sets: dict = {}  # process set id -> the Runtime of a set this rank is in
         self.process_set_ranks: dict = {0: self.ranks}  # every added set's ranks, by id
