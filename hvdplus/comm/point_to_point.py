@@ -19,7 +19,6 @@ import numpy as np
 
 from ..common.dtypes import dtype_name
 from ..common.errors import HvdplusError, RanksFailedError
-from .failures import failed_ranks, is_process_failure
 
 __all__ = ["Link", "Operation", "Send", "Recv", "tag_text"]
 
@@ -88,6 +87,8 @@ class Link:
     def fail(self, operation: "Operation", exc) -> None:
         """An MPI error in `operation`. A dead peer (or a communicator revoked because one
         died) fails every message in flight, as the communicators are then revoked."""
+        from .failures import failed_ranks, is_process_failure  # imports mpi4py.MPI, which starts MPI
+
 
         if not is_process_failure(exc):
             operation.finish(error=HvdplusError(f"{operation.what}: MPI failed: {exc}"))
