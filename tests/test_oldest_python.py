@@ -30,7 +30,7 @@ FRAMEWORK_FREE_TESTS = [
     "tests/test_exit_guard.py",
     "tests/test_negotiation.py",
     "tests/test_output_pool.py",
-    "tests/test_requests.py",
+    "tests/test_agreement.py",
     "tests/test_runner.py",
     "tests/test_runtime.py",
     "tests/test_settings.py",

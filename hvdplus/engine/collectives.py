@@ -18,11 +18,11 @@ from ..comm.reduction import apply_scale
 from ..common.dtypes import dtype_name
 from ..common.reduce_ops import ReduceOp, as_reduce_op
 from . import arguments
-from .groups import grouped_request
+from .packing import grouped_request
 from .handles import Handle, HandleGroup
 from .process_sets import set_runtime
 from .protocol import Agreement, Collective, Request
-from .requests import input_error
+from .agreement import input_error
 
 __all__ = [
     "input_error_async", "grouped_input_error_async", "allreduce_async", "grouped_allreduce_async",

@@ -13,7 +13,7 @@ import numpy as np
 from ..comm import mpi_collectives
 from ..common.dtypes import accumulation_dtype, dtype_name
 from ..common.reduce_ops import ReduceOp
-from .groups import Members
+from .packing import Members
 from .protocol import Collective, GroupLayout
 from .timeline import now_us
 

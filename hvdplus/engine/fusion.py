@@ -3,7 +3,7 @@
 Many small all-reduces cost many latencies; one all-reduce of their concatenation costs
 one. All-reduces that share dtype, op and scale factors are packed, in the order they
 became ready, into batches of at most the fusion threshold (a grouped all-reduce arrives
-already packed as one array, see hvdplus/engine/groups.py).
+already packed as one array, see hvdplus/engine/packing.py).
 """
 
 import math

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..common.errors import error_to_wire
 from .fusion import fused_nbytes, fusion_key
 from .protocol import JOINABLE, Batch, Collective, Outcome, Request, Token
-from .requests import check_agreement
+from .agreement import check_agreement
 
 __all__ = ["Coordinator"]
 

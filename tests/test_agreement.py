@@ -5,7 +5,7 @@ import pytest
 from hvdplus.common.errors import TensorMismatchError
 from hvdplus.common.reduce_ops import Max, Sum
 from hvdplus.engine.protocol import Agreement, Collective, GroupLayout, Request
-from hvdplus.engine.requests import check_agreement, describe_by_rank, input_error
+from hvdplus.engine.agreement import check_agreement, describe_by_rank, input_error
 
 
 def allreduce_request(shape=(2,), op=Sum, name="g"):
