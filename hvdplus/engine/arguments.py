@@ -10,11 +10,11 @@ import numpy as np
 from ..common.dtypes import check_supported, is_integer
 from ..common.reduce_ops import ReduceOp, as_reduce_op
 
-__all__ = ["as_array", "check_output", "reduction_arguments", "check_root_rank", "check_has_rows",
+__all__ = ["checked_array", "check_output", "reduction_arguments", "check_root_rank", "check_has_rows",
            "alltoall_splits"]
 
 
-def as_array(value, what: str) -> np.ndarray:
+def checked_array(value, what: str) -> np.ndarray:
     """`value` as a numpy array of a supported dtype (no copy when it already is one)."""
     array = np.asarray(value)
     check_supported(array.dtype, what)

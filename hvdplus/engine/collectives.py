@@ -82,7 +82,7 @@ def _reduction_agreement(dtype: str, shape: tuple, op, prescale: float, postscal
 def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, output=None):
     def plan(name, live):
         what = f"{kind} '{name}'"
-        data = arguments.as_array(array, what)
+        data = arguments.checked_array(array, what)
         if output is not None:
             arguments.check_output(output, data, what)
         if kind is _REDUCESCATTER:
@@ -96,7 +96,7 @@ def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, output=N
 
 def _allgather_plan(array):
     def plan(name, live):
-        data = arguments.as_array(array, f"allgather '{name}'")
+        data = arguments.checked_array(array, f"allgather '{name}'")
         arguments.check_has_rows(data, f"allgather '{name}'")
         agree = Agreement(dtype=dtype_name(data.dtype), trailing_shape=data.shape[1:])
         return Request(Collective.ALLGATHER, name, agree, rows=data.shape[0]), data
@@ -107,7 +107,7 @@ def _allgather_plan(array):
 def _broadcast_plan(array, root_rank):
     def plan(name, live):
         what = f"broadcast '{name}'"
-        data = arguments.as_array(array, what)
+        data = arguments.checked_array(array, what)
         root = _set_root(root_rank, live, what)
         agree = Agreement(root_rank=root, dtype=dtype_name(data.dtype), shape=data.shape)
         return Request(Collective.BROADCAST, name, agree), data
@@ -127,7 +127,7 @@ def _set_root(root_rank, live, what: str) -> int:
 def _alltoall_plan(array, splits):
     def plan(name, live):
         what = f"alltoall '{name}'"
-        data = arguments.as_array(array, what)
+        data = arguments.checked_array(array, what)
         arguments.check_has_rows(data, what)
         send = arguments.alltoall_splits(data, splits, live.topology.size, what)
         agree = Agreement(dtype=dtype_name(data.dtype), trailing_shape=data.shape[1:])
@@ -151,7 +151,7 @@ def _adasum_async(array, name, prescale_factor, postscale_factor, output, proces
     what = f"allreduce '{name}'"
     try:
         check_power_of_two(live.topology.size, what)
-        data = arguments.as_array(array, what)
+        data = arguments.checked_array(array, what)
         if data.dtype.kind != "f" and dtype_name(data.dtype) != "bfloat16":
             raise TypeError(f"{what}: Adasum needs a floating dtype, got {dtype_name(data.dtype)}")
         if output is not None:

@@ -87,7 +87,7 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
         # keeping lean.
         if type(data) is not np.ndarray or data.dtype not in checked or (output is not None and output is not data):
             what = f"grouped_allreduce '{group}' member {index}"
-            data = arguments.as_array(array, what)
+            data = arguments.checked_array(array, what)
             if output is not None:
                 arguments.check_output(output, data, what)
             if data.dtype not in checked:

@@ -11,7 +11,7 @@ import torch
 
 from ..common.dtypes import SUPPORTED_DTYPE_NAMES
 
-__all__ = ["SUPPORTED", "as_array", "as_arrays", "as_in_place_array", "copy_back", "to_tensor", "check_tensor"]
+__all__ = ["SUPPORTED", "numpy_view", "numpy_views", "as_in_place_array", "copy_back", "to_tensor", "check_tensor"]
 
 SUPPORTED = (
     torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -45,7 +45,7 @@ def check_tensor(tensor, what: str, in_place: bool = False) -> None:
         )
 
 
-def as_array(tensor) -> np.ndarray:
+def numpy_view(tensor) -> np.ndarray:
     """A numpy array over the tensor's memory (a host copy for CUDA tensors)."""
     host = tensor.detach() if tensor.requires_grad else tensor
     # is_cpu rather than device.type, which builds a torch.device: an optimizer step asks
@@ -61,10 +61,10 @@ def as_array(tensor) -> np.ndarray:
 _NUMPY_DTYPES = frozenset(np.dtype(name) for name in SUPPORTED_DTYPE_NAMES if name != "bfloat16")
 
 
-def as_arrays(tensors, what: str, in_place: bool = False) -> list:
-    """as_array of each of `tensors`, after check_tensor of each. Plain contiguous CPU
+def numpy_views(tensors, what: str, in_place: bool = False) -> list:
+    """numpy_view of each of `tensors`, after check_tensor of each. Plain contiguous CPU
     tensors that need no gradient (a training step's gradients) take one conversion each:
-    asking each tensor for each property that check_tensor and as_array look at costs more
+    asking each tensor for each property that check_tensor and numpy_view look at costs more
     than the conversion. Anything else goes through both, one tensor at a time, so that the
     errors stay theirs."""
     try:
@@ -74,7 +74,7 @@ def as_arrays(tensors, what: str, in_place: bool = False) -> list:
     if arrays is None or not all(a.dtype in _NUMPY_DTYPES and a.flags.c_contiguous for a in arrays):
         for tensor in tensors:
             check_tensor(tensor, what, in_place)
-        arrays = [as_array(tensor) for tensor in tensors]
+        arrays = [numpy_view(tensor) for tensor in tensors]
     return arrays
 
 
@@ -83,7 +83,7 @@ def as_in_place_array(tensor):
 
     For a CPU tensor the array is its memory; a CUDA tensor gets a host copy that is
     copied back when the operation is done."""
-    array = as_array(tensor)
+    array = numpy_view(tensor)
     if tensor.is_cpu:
         return array, lambda: tensor
     return array, lambda: copy_back(array, tensor)

@@ -20,8 +20,8 @@ from ..engine import collectives, runtime
 from ..engine.handles import Handle, HandleGroup
 from ..engine.process_sets import ProcessSet, global_process_set, set_runtime
 from .buffers import (
-    as_array,
-    as_arrays,
+    numpy_view,
+    numpy_views,
     as_in_place_array,
     check_tensor,
     copy_back,
@@ -67,9 +67,9 @@ def _checked(kind, name, tensors, process_set, in_place=False):
 
 
 def _grouped_arrays(name, tensors, process_set, in_place=False):
-    """The group's arrays (buffers.as_arrays), or a handle that fails on every rank."""
+    """The group's arrays (buffers.numpy_views), or a handle that fails on every rank."""
     try:
-        return as_arrays(tensors, _what("grouped_allreduce", name), in_place)
+        return numpy_views(tensors, _what("grouped_allreduce", name), in_place)
     except (TypeError, ValueError) as error:
         return collectives.grouped_input_error_async(name, error, process_set)
 
@@ -91,7 +91,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     failed = _checked("allreduce", name, [tensor], process_set)
     if failed:
         return failed
-    core = collectives.allreduce_async(as_array(tensor), name, reduce_op_from(average, op),
+    core = collectives.allreduce_async(numpy_view(tensor), name, reduce_op_from(average, op),
                                        prescale_factor, postscale_factor, process_set=process_set)
     return core.then(lambda result: to_tensor(result, tensor))
 
@@ -221,7 +221,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     failed = _checked("allgather", name, [tensor], process_set)
     if failed:
         return failed
-    core = collectives.allgather_async(as_array(tensor), name, process_set=process_set)
+    core = collectives.allgather_async(numpy_view(tensor), name, process_set=process_set)
     return core.then(lambda result: to_tensor(result, tensor))
 
 
@@ -282,7 +282,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     failed = _checked("broadcast", name, [tensor], process_set)
     if failed:
         return failed
-    core = collectives.broadcast_async(as_array(tensor), root_rank, name, process_set=process_set)
+    core = collectives.broadcast_async(numpy_view(tensor), root_rank, name, process_set=process_set)
     return core.then(lambda result: to_tensor(result, tensor))
 
 
@@ -336,7 +336,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         return failed
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
-    core = collectives.alltoall_async(as_array(tensor), splits, name, process_set=process_set)
+    core = collectives.alltoall_async(numpy_view(tensor), splits, name, process_set=process_set)
     return core.then(lambda result: (to_tensor(result[0], tensor), torch.from_numpy(result[1])))
 
 
@@ -373,7 +373,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     failed = _checked("reducescatter", name, [tensor], process_set)
     if failed:
         return failed
-    core = collectives.reducescatter_async(as_array(tensor), name, op, prescale_factor, postscale_factor,
+    core = collectives.reducescatter_async(numpy_view(tensor), name, op, prescale_factor, postscale_factor,
                                            process_set=process_set)
     return core.then(lambda result: to_tensor(result, tensor))
 

@@ -30,7 +30,7 @@ handle whose synchronize gives None, `recv_async` one that gives the tensor.
 import torch
 
 from ..engine import p2p
-from .buffers import SUPPORTED, as_array, as_in_place_array, check_tensor, to_tensor
+from .buffers import SUPPORTED, numpy_view, as_in_place_array, check_tensor, to_tensor
 
 __all__ = ["send", "recv", "send_async", "recv_async"]
 
@@ -45,7 +45,7 @@ def _numpy_dtype_name(dtype, what: str) -> str:
 def send_async(tensor, dst, tag=0, process_set=None):
     """Start sending `tensor` to job rank `dst`; synchronize returns None once it has it."""
     check_tensor(tensor, f"send to rank {dst}")
-    return p2p.send_async(as_array(tensor), dst, tag, process_set)
+    return p2p.send_async(numpy_view(tensor), dst, tag, process_set)
 
 
 def recv_async(tensor_or_shape, src, tag=0, dtype=None, process_set=None, device=None):
@@ -98,7 +98,7 @@ class _RecvFunction(torch.autograd.Function):
         src, tag, process_set = ctx.message
         check_tensor(grad, f"gradient to rank {src}")
         grad = grad.contiguous()
-        p2p.send_async(as_array(grad), src, tag, process_set, gradient=True).wait()
+        p2p.send_async(numpy_view(grad), src, tag, process_set, gradient=True).wait()
         return None, None, None, None, None
 
 

@@ -192,7 +192,7 @@ def test_bad_tensor_in_a_group_on_one_rank_fails_everywhere(rank):
 
 @needs_two
 def test_group_members_the_quick_conversion_refuses_get_their_own_errors(rank):
-    """A group of plain CPU tensors is converted in one pass (buffers.as_arrays); any other
+    """A group of plain CPU tensors is converted in one pass (buffers.numpy_views); any other
     member sends the whole group through the per-tensor checks, whose errors name it."""
     leaf = torch.ones(3, requires_grad=rank == 1)
     with pytest.raises(ValueError, match="rank 1: grouped_allreduce 'leaf': an in-place collective would "
