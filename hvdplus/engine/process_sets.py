@@ -17,7 +17,8 @@ from typing import List, Optional, Sequence, Union
 
 from . import runtime
 
-__all__ = ["ProcessSet", "global_process_set", "init", "add_process_set", "remove_process_set", "set_runtime"]
+__all__ = ["ProcessSet", "global_process_set", "init", "add_process_set", "remove_process_set", "set_runtime",
+           "size_in", "rank_in", "overlaps_in", "name_in", "ranks_in"]
 
 
 class ProcessSet:
@@ -132,6 +133,33 @@ def set_runtime(process_set: Optional[ProcessSet], what: str) -> "runtime.Runtim
         raise ValueError(f"{what} on process set {process_set.ranks}, which does not include rank "
                          f"{live.topology.rank}")
     return member
+
+
+def size_in(process_set: Optional[ProcessSet], what: str) -> int:
+    """How many ranks `process_set` has (the job's, for None); errors as set_runtime's."""
+    return set_runtime(process_set, what).topology.size
+
+
+def rank_in(process_set: Optional[ProcessSet], what: str) -> int:
+    """This rank's place in `process_set` (in the job, for None); errors as set_runtime's."""
+    return set_runtime(process_set, what).topology.rank
+
+
+def ranks_in(process_set: Optional[ProcessSet], what: str) -> List[int]:
+    """The job ranks of `process_set`'s members, in the set's order."""
+    return list(set_runtime(process_set, what).ranks)
+
+
+def overlaps_in(process_set: Optional[ProcessSet], what: str) -> bool:
+    """Whether `process_set`'s engine runs agreed collectives in the background at once
+    (HVDPLUS_OVERLAP), rather than when a rank waits."""
+    return set_runtime(process_set, what).engine.overlap
+
+
+def name_in(process_set: Optional[ProcessSet], kind: str, name: Optional[str], what: str) -> str:
+    """`name`, or the next of `process_set`'s names for unnamed calls of `kind`
+    ("grouped_allgather.3"), alike on every rank that runs the same program."""
+    return set_runtime(process_set, what).name_for(kind, name)
 
 
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:

@@ -18,7 +18,7 @@ import torch
 from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
 from ..engine import collectives, runtime
 from ..engine.handles import Handle, HandleGroup
-from ..engine.process_sets import ProcessSet, global_process_set, set_runtime
+from ..engine.process_sets import ProcessSet, global_process_set, name_in, rank_in, size_in
 from .buffers import (
     numpy_view,
     numpy_views,
@@ -247,7 +247,7 @@ class _AllgatherFunction(torch.autograd.Function):
         process_set = ctx.process_set
         averaged = grouped_allreduce_async([g.contiguous() for g in grads], op=Average, process_set=process_set)
         every_rows = collectives.allgather(np.array([ctx.rows], dtype=np.int64), process_set=process_set)
-        starts = every_rows[:set_runtime(process_set, "allgather()").topology.rank].sum(axis=0)
+        starts = every_rows[:rank_in(process_set, "allgather()")].sum(axis=0)
         mine = [g[int(start):int(start) + rows] for g, start, rows in zip(averaged.wait(), starts, ctx.rows)]
         return (None, None, None, *mine)
 
@@ -262,7 +262,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Start allgathers of several tensors; synchronize returns a list."""
     tensors = list(tensors)
-    base = set_runtime(process_set, "grouped_allgather()").name_for("grouped_allgather", name)
+    base = name_in(process_set, "grouped_allgather", name, "grouped_allgather()")
     handles = [allgather_async(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
     return HandleGroup(base, handles)
 
@@ -382,7 +382,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Start reduce-scatters of several tensors; synchronize returns a list."""
     tensors = list(tensors)
-    base = set_runtime(process_set, "grouped_reducescatter()").name_for("grouped_reducescatter", name)
+    base = name_in(process_set, "grouped_reducescatter", name, "grouped_reducescatter()")
     handles = [reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor, postscale_factor)
                for i, t in enumerate(tensors)]
     return HandleGroup(base, handles)
@@ -414,7 +414,7 @@ class _ReducescatterFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         _check_gradient_op("reducescatter", ctx.op)
-        scale = ctx.scale * (set_runtime(ctx.process_set, "reducescatter()").topology.size if ctx.op == Sum else 1)
+        scale = ctx.scale * (size_in(ctx.process_set, "reducescatter()") if ctx.op == Sum else 1)
         gathered = grouped_allgather_async([(g * scale).contiguous() for g in grads], process_set=ctx.process_set)
         return (None,) * 7 + tuple(gathered.wait())
 
@@ -453,7 +453,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     def result():
         gathered_values = values.wait()
         if op == Average:
-            gathered_values = gathered_values / set_runtime(process_set, "sparse_allreduce_async()").topology.size
+            gathered_values = gathered_values / size_in(process_set, "sparse_allreduce_async()")
         return torch.sparse_coo_tensor(indices.wait().t(), gathered_values, tensor.shape, check_invariants=True)
 
     return result

@@ -26,7 +26,7 @@ from ..common.errors import HvdplusError
 from ..common.reduce_ops import Average
 from ..common.scaling import gradient_reduction
 from ..engine import runtime
-from ..engine.process_sets import global_process_set, set_runtime
+from ..engine.process_sets import global_process_set, overlaps_in, size_in
 from .compression import Compression
 from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
 
@@ -77,14 +77,14 @@ class _DistributedOptimizer:
         bookkeeping."""
         for hook in self._hooks:
             hook.remove()
-        live = None if self._set_gone else _set_runtime(self._process_set)
-        size = 1 if live is None else live.topology.size
+        averaging = not self._set_gone and _averages_here(self._process_set)
+        size = size_in(self._process_set, "DistributedOptimizer") if averaging else 1
         self._size = size
         params = self._params
         self._reduction = gradient_reduction(self._op, self._predivide, size)
         trained = [p for p in params if p.requires_grad]
         if self._explicit_groups is None and size > 1:
-            groups_of = _automatic_groups(trained, live.engine.overlap)
+            groups_of = _automatic_groups(trained, overlaps_in(self._process_set, "DistributedOptimizer"))
         else:
             groups_of = _fusion_groups(params, self._explicit_groups)
         # The hooks' bookkeeping is keyed by id(parameter): a tensor's own __hash__ is a
@@ -277,11 +277,9 @@ def _is_global(process_set) -> bool:
     return process_set is None or process_set.process_set_id == 0
 
 
-def _set_runtime(process_set):
-    """The Runtime of the set whose ranks average the gradients; None on a rank outside it."""
-    if not _is_global(process_set) and process_set.process_set_id is not None and not process_set.included():
-        return None
-    return set_runtime(process_set, "DistributedOptimizer")
+def _averages_here(process_set) -> bool:
+    """Whether this rank is in the set whose ranks average the gradients."""
+    return _is_global(process_set) or process_set.process_set_id is None or process_set.included()
 
 
 def _parameter_names(params, named_parameters):

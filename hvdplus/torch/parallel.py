@@ -18,7 +18,7 @@ input). Every rank of the set must run the same layers in the same order.
 import torch
 
 from ..common.reduce_ops import Sum
-from ..engine.process_sets import global_process_set, set_runtime
+from ..engine.process_sets import global_process_set, rank_in, size_in
 from .mpi_ops import allgather, allreduce
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "copy_to_set", "sum_over_set", "gather_from_set"]
@@ -35,8 +35,8 @@ def _gather_last(tensor: torch.Tensor, process_set) -> torch.Tensor:
 
 def _my_slice(tensor: torch.Tensor, process_set) -> torch.Tensor:
     """This rank's equal slice of the last dimension."""
-    live = set_runtime(process_set, "tensor parallelism")
-    return tensor.chunk(live.topology.size, dim=-1)[live.topology.rank].contiguous()
+    what = "tensor parallelism"
+    return tensor.chunk(size_in(process_set, what), dim=-1)[rank_in(process_set, what)].contiguous()
 
 
 class _CopyToSet(torch.autograd.Function):
@@ -87,7 +87,7 @@ def gather_from_set(tensor: torch.Tensor, process_set=global_process_set) -> tor
 
 
 def _shard_size(features: int, process_set, what: str) -> int:
-    size = set_runtime(process_set, what).topology.size
+    size = size_in(process_set, what)
     if features % size:
         raise ValueError(f"{what}: {features} features do not split evenly over {size} ranks")
     return features // size
@@ -116,8 +116,7 @@ class ColumnParallelLinear(torch.nn.Module):
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, process_set, gather_output,
                     device=linear.weight.device, dtype=linear.weight.dtype)
         with torch.no_grad():
-            live = set_runtime(process_set, "ColumnParallelLinear")
-            n, me = live.topology.size, live.topology.rank
+            n, me = size_in(process_set, "ColumnParallelLinear"), rank_in(process_set, "ColumnParallelLinear")
             layer.local.weight.copy_(linear.weight.chunk(n, dim=0)[me])
             if linear.bias is not None:
                 layer.local.bias.copy_(linear.bias.chunk(n, dim=0)[me])

@@ -31,7 +31,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..engine.process_sets import global_process_set, set_runtime
+from ..engine.process_sets import global_process_set, rank_in, ranks_in, size_in
 from .p2p import recv, send_async
 
 __all__ = ["Pipeline", "split_sequential", "schedule", "SCHEDULES"]
@@ -88,19 +88,20 @@ class Pipeline(torch.nn.Module):
     def __init__(self, stages: Sequence[torch.nn.Module], process_set=global_process_set, chunks: int = 4,
                  schedule: str = "1f1b", loss_fn=torch.nn.functional.mse_loss):
         super().__init__()
-        live = set_runtime(process_set, "Pipeline")
-        if len(stages) != live.topology.size:
-            raise ValueError(f"Pipeline: {len(stages)} stages for a process set of {live.topology.size} ranks")
+        size = size_in(process_set, "Pipeline")
+        if len(stages) != size:
+            raise ValueError(f"Pipeline: {len(stages)} stages for a process set of {size} ranks")
         if schedule not in SCHEDULES:
             raise ValueError(f"Pipeline: schedule {schedule!r}, expected one of {', '.join(SCHEDULES)}")
         self.process_set = process_set
-        self.stage, self.num_stages = live.topology.rank, live.topology.size
+        self.stage, self.num_stages = rank_in(process_set, "Pipeline"), size
         self.module = stages[self.stage]
         self.chunks = chunks
         self.schedule = schedule
         self.loss_fn = loss_fn
-        self._previous = live.ranks[self.stage - 1] if self.stage > 0 else None
-        self._next = live.ranks[self.stage + 1] if self.stage + 1 < self.num_stages else None
+        ranks = ranks_in(process_set, "Pipeline")
+        self._previous = ranks[self.stage - 1] if self.stage > 0 else None
+        self._next = ranks[self.stage + 1] if self.stage + 1 < self.num_stages else None
         # Seconds of the last step, and those of them this stage spent computing.
         self.last_step_seconds = 0.0
         self.last_busy_seconds = 0.0

@@ -16,7 +16,7 @@ In eval mode with running statistics, the layer is a plain local batch norm. Wit
 import torch
 
 from ..common.reduce_ops import Sum
-from ..engine.process_sets import global_process_set, set_runtime
+from ..engine.process_sets import global_process_set, size_in
 from .mpi_ops import allreduce
 
 __all__ = ["SyncBatchNorm"]
@@ -143,7 +143,7 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
 
     def forward(self, input):
         self._check_input_dim(input)
-        if not self._uses_batch_statistics() or set_runtime(self.process_set, "SyncBatchNorm").topology.size == 1:
+        if not self._uses_batch_statistics() or size_in(self.process_set, "SyncBatchNorm") == 1:
             return super().forward(input)
         output, mean, unbiased_variance = _SyncBatchNormFunction.apply(input, self.weight, self.bias, self.eps,
                                                                         self.process_set)
