@@ -5,73 +5,50 @@ sends each rank's new requests to rank 0, whose `Coordinator` answers every rank
 the same ordered list of batches once all ranks have submitted a name; every rank then
 runs those batches in that order.
 
-The thread never spins, so it leaves the cores to the training loop: with nothing in
-flight it sleeps until something is submitted (looking around once a second for
-shutdowns and stalls); with work in flight it cycles every `cycle_time_ms`. Where the
-node has no core to spare for it (`overlap` off), agreed collectives wait until some rank
-waits for one, submitting does not wake the thread, and its cycle stretches to 50 ms
-while no caller waits: the data moves when the ranks' cores are free, driven by the
-waiting callers themselves (see `wait_for`).
+The engine sequences its parts, each one concern: the `TensorQueue` (what this rank
+submitted), the `ResponseCache` (names agreed before, sent as ids), the `ControlChannel`
+(requests to rank 0, batches back), rank 0's `Coordinator` and `StallInspector`, and the
+`ProgressPolicy` (when the thread looks again; it never spins). A caller that waits drives
+the engine itself for a while (see `wait_for`).
 """
 
-import collections
 import contextlib
 import dataclasses
-import logging
 import os
 import sys
 import threading
 import time
 import traceback
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, List, Optional
 
 from mpi4py import MPI
 
 from ..comm.failures import failed_ranks, is_process_failure
 from ..common.errors import HvdplusError, RanksFailedError, ShutdownError, StalledError, error_from_wire
 from .autotune import Autotuner, Setting
+from .control_channel import ControlChannel
 from .executor import JOINED, execute_batch
 from .fusion import FusionBuffer, fused_nbytes
 from .handles import Handle
 from .negotiation import Coordinator
+from .progress_policy import HOUSEKEEPING_S, ProgressPolicy
 from .protocol import Batch, Collective, Outcome, Request, Token
+from .response_cache import ResponseCache
+from .stall_inspector import StallInspector
+from .tensor_queue import Entry, TensorQueue
 from .timeline import Timeline, now_us
 
 __all__ = ["Entry", "Engine"]
 
-LOG = logging.getLogger("hvdplus")
-_REQUEST_TAG = 101
-_RESPONSE_TAG = 102
 _SHUTDOWN_WAIT_S = 10.0
 # How long a caller blocked on a handle drives the engine itself before it sleeps.
 _CALLER_SPIN_S = 0.020
-# With nothing in flight (and overlap on), the thread still looks for shutdowns and stalls
-# this often.
-_HOUSEKEEPING_S = 1.0
-# Longest rank 0 waits for its responses to reach the workers (see _deliver).
-_DELIVERY_WAIT_S = 0.5
-# Longest cycle while collectives are held and nobody waits (overlap off).
-_MAX_BACKOFF_S = 0.050
 # Looked up per submitted operation: a global name is cheaper than the enum's attribute.
-_JOIN, _ALLREDUCE = Collective.JOIN, Collective.ALLREDUCE
-
-
-@dataclasses.dataclass(eq=False)
-class Entry:
-    """One submitted operation on this rank: what every rank must agree on, and this rank's data."""
-
-    request: Request
-    payload: Any
-    handle: Handle
-    submitted_us: float = dataclasses.field(default_factory=now_us)
-
-    @property
-    def name(self) -> str:
-        return self.request.name
+_JOIN = Collective.JOIN
 
 
 class Engine:
-    """Owns the control and data communicators and the thread that drives them."""
+    """Owns the data communicator and the thread that drives the engine's parts."""
 
     def __init__(self, comm, settings, algorithms, overlap: bool = True, revoke_all=None):
         self.data_comm = comm
@@ -79,7 +56,7 @@ class Engine:
         self._revoke_all = revoke_all
         self.overlap = overlap
         self.algorithms = algorithms
-        self.control_comm = comm.Dup()
+        self.control = ControlChannel(comm)
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.settings = settings
@@ -91,25 +68,21 @@ class Engine:
         self.timeline: Optional[Timeline] = None
         if settings.timeline_path and self.rank == 0:
             self.timeline = Timeline(settings.timeline_path)
+        self._stalls = (StallInspector(settings.stall_check_seconds, settings.stall_shutdown_seconds)
+                        if self.rank == 0 else None)
         self._fusion_buffer = FusionBuffer()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the queue and what decides whether the thread sleeps
         self._wake = threading.Event()
         self._completed = threading.Condition()
-        self._submitted: Deque[Entry] = collections.deque()
-        self._in_flight: Dict[str, Entry] = {}
-        self._cache: Dict[str, tuple] = {}
-        self._known: Dict[int, tuple] = {}  # cache id -> (name, request): _cache reversed
-        self._sends: List[MPI.Request] = []
-        self._status = MPI.Status()
-        self._last_stall_check = time.monotonic()
+        self._queue = TensorQueue(self.rank)
+        self._cache = ResponseCache()
+        self._policy = ProgressPolicy(settings.cycle_time_ms, overlap)
         self._stop_requested = False
         self._finished = False
         self._callers_driving = 0
         self._waiters = 0
         self._told_waiting = False
         self._sleeping_idle = False
-        self._cycle_s = settings.cycle_time_ms / 1000.0
-        self._backoff_s = self._cycle_s
         self._progress = threading.Lock()
         self._shutdown_sent = False
         self._failure: Optional[BaseException] = None
@@ -133,15 +106,8 @@ class Engine:
         with self._lock:
             if self._failure is not None:
                 raise _for_name(self._failure, request.name)
-            if request.name in self._in_flight:
-                raise ValueError(
-                    f"an operation named '{request.name}' is already in flight on rank {self.rank}; "
-                    "synchronize it before submitting the name again"
-                )
-            entry = Entry(request, payload, handle)
-            self._in_flight[request.name] = entry
-            self._submitted.append(entry)
-            if self._sleeping_idle and self.overlap:
+            self._queue.add(Entry(request, payload, handle))
+            if self._sleeping_idle and self._policy.wakes_on_submit():
                 self._sleeping_idle = False
                 self._wake.set()
         return handle
@@ -166,7 +132,13 @@ class Engine:
         self._thread.join(timeout=_SHUTDOWN_WAIT_S + 5)
         self.stop_timeline()
         if not self._peers_lost:
-            self.control_comm.Free()
+            self.control.free()
+
+    @property
+    def control_comm(self):
+        """The communicator of the engine's control messages (revoked with the others when a
+        peer dies)."""
+        return self.control.comm
 
     @property
     def peers_lost(self) -> bool:
@@ -193,7 +165,7 @@ class Engine:
                 # A caller blocked in wait() may be driving already: then sleep until its step
                 # ends rather than look every cycle. Waking each millisecond beside a long
                 # collective, where ranks outnumber cores, slowed it down many times over.
-                if self._progress.acquire(timeout=_HOUSEKEEPING_S):
+                if self._progress.acquire(timeout=HOUSEKEEPING_S):
                     try:
                         self._step()
                     finally:
@@ -284,40 +256,27 @@ class Engine:
                 self.coordinator.waiting.discard(0)
             self._receive_requests()
             batches = self.coordinator.take_batches()
-            batches += self._stall_batches()
+            batches += self._stalls.batches(self.coordinator)
             if self.coordinator.shutdown_ranks:
                 batches.append(Batch(Outcome.SHUTDOWN, value=min(self.coordinator.shutdown_ranks)))
             if self._tune_batch is not None:
                 batches.insert(0, self._tune_batch)
                 self._tune_batch = None
-            if batches:
-                wire = [batch.known_ids or batch for batch in batches]
-                sends = [self.control_comm.isend(wire, dest=worker, tag=_RESPONSE_TAG)
-                         for worker in range(1, self.size)]
-                self._deliver(sends)
+            if batches and self.size > 1:
+                self.control.send_batches([batch.known_ids or batch for batch in batches])
             self._finished |= self._execute(batches)
             if self._tuner is not None:
                 self._tune(batches)
         else:
             if outgoing:
-                self._sends.append(self.control_comm.isend(outgoing, dest=0, tag=_REQUEST_TAG))
-            while not self._finished and self.control_comm.iprobe(source=0, tag=_RESPONSE_TAG):
-                wire = self.control_comm.recv(source=0, tag=_RESPONSE_TAG)
-                self._finished |= self._execute([self._from_wire(item) for item in wire])
-        if self._sends:
-            self._sends = [request for request in self._sends if not request.Test()]
-
-    def _deliver(self, sends) -> None:
-        """Let the responses reach the workers before executing them. A long response goes
-        by rendezvous, which only moves while this rank is inside MPI; a shared-memory
-        batch keeps it out of MPI until the workers join that batch, which they can only do
-        once they have the response. Bounded, for a worker that is gone or stalled."""
-        self._sends.extend(_unfinished(sends, _DELIVERY_WAIT_S, os.sched_yield))
+                self.control.send_requests(outgoing)
+            while not self._finished and (wire := self.control.next_batches()) is not None:
+                self._finished |= self._execute([self._cache.batch(item) for item in wire])
+        self.control.test_sends()
 
     def _drain_submissions(self) -> list:
         with self._lock:
-            entries = list(self._submitted)
-            self._submitted.clear()
+            entries = self._queue.take_submitted()
             stop = self._stop_requested and not self._shutdown_sent
             if stop:
                 self._shutdown_sent = True
@@ -333,48 +292,21 @@ class Engine:
 
     def _outgoing_item(self, entry: Entry):
         """The request itself, or its response-cache id when it is unchanged since agreed."""
-        if entry.request.kind is _JOIN:
-            return Token.JOIN
-        cached = self._cache.get(entry.name)
-        if cached is not None and cached[0] == entry.request:
-            return cached[1]
-        return entry.request
-
-    def _from_wire(self, item) -> Batch:
-        """A batch as rank 0 sent it: whole, or as the cache ids of its names (see
-        Batch.known_ids), whose agreed requests this rank holds."""
-        if isinstance(item, Batch):
-            return item
-        known = [self._known[cache_id] for cache_id in item]
-        return Batch(_ALLREDUCE, [name for name, _ in known], requests=[request for _, request in known])
+        return Token.JOIN if entry.request.kind is _JOIN else self._cache.outgoing(entry.request)
 
     def _receive_requests(self) -> None:
-        if self.size == 1:
-            return
-        status = self._status
-        while self.control_comm.iprobe(source=MPI.ANY_SOURCE, tag=_REQUEST_TAG, status=status):
-            source = status.Get_source()
-            self.coordinator.add(source, self.control_comm.recv(source=source, tag=_REQUEST_TAG))
+        for source, items in self.control.arrived_requests():
+            self.coordinator.add(source, items)
 
     def _idle(self) -> None:
         """Sleep until the next cycle, or until woken. Never poll faster: a thread that spins
         here takes the GIL and a core from the training loop; callers that wait on a handle
         poll for themselves (wait_for)."""
         with self._lock:
-            idle = not self._in_flight and not self._stop_requested
+            idle = not self._queue and not self._stop_requested
             self._sleeping_idle = idle
             waiters = self._waiters
-        if idle:
-            # Not woken by submit without overlap: look again as often as when held.
-            timeout = _HOUSEKEEPING_S if self.overlap else _MAX_BACKOFF_S
-            self._backoff_s = self._cycle_s
-        elif self.overlap or waiters:
-            timeout = self._cycle_s
-        else:
-            # Held until someone waits: look less and less often, sending what was submitted.
-            timeout = self._backoff_s
-            self._backoff_s = min(2 * self._backoff_s, _MAX_BACKOFF_S)
-        if self._wake.wait(timeout):
+        if self._wake.wait(self._policy.sleep_s(idle, waiters)):
             self._wake.clear()
         with self._lock:
             self._sleeping_idle = False
@@ -393,17 +325,16 @@ class Engine:
         """Run one agreed batch; True if it shuts the engine down."""
         if isinstance(batch.kind, Outcome):
             return self._run_outcome(batch)
-        entries = [self._in_flight.get(name) for name in batch.names]
+        entries = [self._queue.get(name) for name in batch.names]
         if batch.error is not None:
             for entry in entries:
                 if entry is not None:
                     self._complete(entry.name, error=error_from_wire(batch.error))
             return False
         for name, cache_id in (batch.cache_ids or {}).items():
-            entry = self._in_flight.get(name)
+            entry = self._queue.get(name)
             if entry is not None:
-                self._cache[name] = (entry.request, cache_id)
-                self._known[cache_id] = (name, entry.request)
+                self._cache.remember(name, entry.request, cache_id)
         payloads = [entry.payload if entry is not None else JOINED for entry in entries]
         if self.timeline is not None:
             self._record_negotiation(batch, entries)
@@ -438,7 +369,7 @@ class Engine:
         with no collective in flight, since the algorithm must change on all at once."""
         if self.coordinator is not None:
             self.coordinator.fusion_threshold = setting.fusion_bytes
-        self._cycle_s = self._backoff_s = setting.cycle_ms / 1000.0
+        self._policy.set_cycle(setting.cycle_ms)
         if setting.algorithm is not None:
             self.algorithms.algorithm = setting.algorithm
 
@@ -474,7 +405,7 @@ class Engine:
 
     def _complete(self, name, result=None, error=None) -> None:
         with self._lock:
-            entry = self._in_flight.pop(name, None)
+            entry = self._queue.pop(name)
         if entry is None:
             return
         if error is not None:
@@ -490,9 +421,7 @@ class Engine:
         with self._lock:
             if self._failure is None:
                 self._failure = error
-            entries = list(self._in_flight.values())
-            self._in_flight.clear()
-            self._submitted.clear()
+            entries = self._queue.take_all()
         for entry in entries:
             entry.handle.set_error(_for_name(error, entry.name))
         self._notify_waiters()
@@ -507,43 +436,20 @@ class Engine:
         self._finished = True
         self._fail_everything(RanksFailedError.seen_on(self.rank, self.size, failed))
 
-    # -- stalls and shutdown ----------------------------------------------------------
-    def _stall_batches(self) -> List[Batch]:
-        """Warn about names some ranks submitted and others did not; give up if configured."""
-        now = time.monotonic()
-        check_after = self.settings.stall_check_seconds
-        if now - self._last_stall_check < min(1.0, check_after) or check_after <= 0:
-            return []
-        self._last_stall_check = now
-        stalled = self.coordinator.stalled(check_after)
-        if not stalled:
-            return []
-        lines = [
-            f"  '{name}' waited {age:.0f} s: submitted by ranks {submitted}, missing on ranks {missing}"
-            for name, submitted, missing, age in stalled
-        ]
-        message = "hvdplus: stalled collectives (some ranks never submitted them):\n" + "\n".join(lines)
-        LOG.warning(message)
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
-        limit = self.settings.stall_shutdown_seconds
-        if limit > 0 and any(age >= limit for *_, age in stalled):
-            return [Batch(Outcome.STALLED, value=message + f"\nshutting down after {limit:.0f} s")]
-        return []
-
+    # -- shutdown -------------------------------------------------------------------
     def _finish_shutdown(self) -> None:
         """Every rank sends SHUTDOWN exactly once and rank 0 waits for all of them, so no
         message is left unmatched when the communicators are freed."""
         if self.coordinator is None:
             if not self._shutdown_sent:
                 self._shutdown_sent = True
-                self._sends.append(self.control_comm.isend([Token.SHUTDOWN], dest=0, tag=_REQUEST_TAG))
+                self.control.send_requests([Token.SHUTDOWN])
         else:
             deadline = time.monotonic() + _SHUTDOWN_WAIT_S
             while len(self.coordinator.shutdown_ranks | {0}) < self.size and time.monotonic() < deadline:
                 self._receive_requests()
                 time.sleep(0.001)
-        self._sends = _unfinished(self._sends, _SHUTDOWN_WAIT_S, lambda: time.sleep(0.0005))
+        self.control.finish_sends(_SHUTDOWN_WAIT_S)
 
 
 def _for_name(error: BaseException, name: str) -> BaseException:
@@ -551,15 +457,3 @@ def _for_name(error: BaseException, name: str) -> BaseException:
     if isinstance(error, RanksFailedError):
         return RanksFailedError(f"'{name}': {error}", error.ranks)
     return type(error)(f"'{name}': {error}")
-
-
-def _unfinished(sends: List[MPI.Request], seconds: float, pause) -> List[MPI.Request]:
-    """The requests of `sends` still incomplete after testing them for up to `seconds`,
-    calling `pause()` between rounds."""
-    deadline = time.monotonic() + seconds
-    while sends:
-        sends = [request for request in sends if not request.Test()]
-        if not sends or time.monotonic() >= deadline:
-            break
-        pause()
-    return sends
