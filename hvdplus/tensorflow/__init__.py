@@ -1,4 +1,5 @@
-"""`import hvdplus.tensorflow as hvd`: Horovod's TensorFlow 2 API on hvdplus, eager and in tf.function.
+"""`import hvdplus.tensorflow as hvd`: Horovod's TensorFlow API on hvdplus, eagerly, in tf.function and
+in tf.compat.v1 graphs run by a Session.
 
     hvd.init()
     tape = hvd.DistributedGradientTape(tape)          # averaged gradients

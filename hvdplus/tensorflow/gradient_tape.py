@@ -89,6 +89,14 @@ class _DistributedGradientTape:
             flat[index] = grad
         return tf.nest.pack_sequence_as(gradients, flat)
 
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None):
+        """`gradient()`'s gradients split as Horovod's tape splits them: the (source,
+        gradient) pairs of the sources registered as local, then those of the others."""
+        gradients = tf.nest.flatten(self.gradient(target, sources, output_gradients))
+        pairs = list(zip(tf.nest.flatten(sources), gradients))
+        local = [pair for pair in pairs if _source_key(pair[0]) in self._local_sources]
+        return local, [pair for pair in pairs if _source_key(pair[0]) not in self._local_sources]
+
     def _local_indices(self, sources, count):
         if not self._local_sources:
             return set()
@@ -117,7 +125,9 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
         compression: Compression.none, .fp16 or .bf16 for the gradients on the wire.
         sparse_as_dense: densify IndexedSlices gradients instead of allgathering them.
         op: Average (default) or Sum over ranks.
-        gradient_predivide_factor: with Average, divide by f before the sum and by size/f after.
+        gradient_predivide_factor: with Average, divide by f before the sum and by size/f after
+            (IndexedSlices gradients then raise NotImplementedError, as in Horovod: pass
+            sparse_as_dense=True).
         num_groups: accepted for Horovod's signature; one `gradient()` call's gradients always
             go to the engine as one group.
         groups: likewise.

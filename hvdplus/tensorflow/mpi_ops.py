@@ -18,16 +18,16 @@ ValueError when it calls the collective, or when tf.function traces it.
 
 tf.IndexedSlices (the gradients of tf.gather and of embeddings) are all-reduced as Horovod
 does: every rank's values and indices are gathered, and repeated indices add up where the
-slices are applied. Inside a graph an error (a mismatch between ranks, a bad argument)
-surfaces as the tf.errors.OpError that TensorFlow makes of the Python exception, with its
-message.
+slices are applied; Average divides the values by the size. As in Horovod, other ops and
+scale factors raise NotImplementedError for them. Inside a graph an error (a mismatch
+between ranks, a bad argument) surfaces as the tf.errors.OpError that TensorFlow makes of
+the Python exception, with its message.
 """
 
 import numpy as np
 import tensorflow as tf
 
 from ..common.reduce_ops import Adasum, Average, Sum, as_reduce_op, reduce_op_from
-from ..common.scaling import Reduction
 from ..engine import collectives, runtime
 from ..engine.process_sets import global_process_set, set_runtime
 from .buffers import as_tensor, collective_name, run_on_host, what
@@ -54,7 +54,7 @@ def _fail_everywhere(error, submitted, process_set, dtype=tf.float32):
 
 def _group_names(name, tensors):
     """What a group submits: one all-reduce `name` of its dense tensors packed together (see
-    hvdplus/engine/groups.py) and two allgathers for each IndexedSlices."""
+    hvdplus/engine/packing.py) and two allgathers for each IndexedSlices."""
     dense = sum(1 for t in tensors if not isinstance(t, tf.IndexedSlices))
     slices = len(tensors) - dense
     return ([("allreduce", name)] if dense else []) + (
@@ -126,22 +126,25 @@ def allreduce(tensor, average=None, compression=Compression.none, op=None, presc
     return compression.decompress(_allreduce(wire, name, op, prescale_factor, postscale_factor, process_set), ctx)
 
 
-def _slices_scale(name, op, prescale, postscale, slices, process_set):
-    """The factor gathered IndexedSlices values take, by Horovod's rules: whatever the op,
-    the slices are gathered (repeated indices add up where they are applied), and Average
-    divides the values by the set's size; hvdplus applies the scale factors too. Adasum
-    cannot combine slices."""
-    if slices and op == Adasum:
+def _check_slices(name, op, prescale, postscale):
+    """NotImplementedError where Horovod raises one for tf.IndexedSlices, which are gathered
+    rather than reduced (repeated indices add up where the slices are applied): for an op
+    other than Sum and Average, and for scale factors."""
+    if op == Adasum:
         raise NotImplementedError(
             f"{what('allreduce', name)}: the Adasum reduction does not currently support sparse tensors. "
             "As a workaround please pass sparse_as_dense=True to DistributedOptimizer")
-    return Reduction(op if op == Average else Sum, prescale, postscale).factor(_set_size(process_set))
+    if op not in (Average, Sum):
+        raise NotImplementedError(f"{what('allreduce', name)}: tf.IndexedSlices are gathered, which only ops Sum "
+                                  f"and Average can stand for, not {op.label}; convert them to a dense tensor first")
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError(f"{what('allreduce', name)}: tf.IndexedSlices take no prescale_factor or "
+                                  "postscale_factor; convert them to a dense tensor first")
 
 
 def _reduce_group(dense, slices, name, op, prescale, postscale, process_set):
     """One host op: `dense` all-reduced as one fused group, and every IndexedSlices' values
     and indices allgathered. Returns (reduced tensors, gathered IndexedSlices)."""
-    scale = _slices_scale(name, op, prescale, postscale, slices, process_set)
     count = len(dense)
     gather_names = [gather_name for _, gather_name in _group_names(name, slices)]
     inputs = list(dense)
@@ -160,12 +163,10 @@ def _reduce_group(dense, slices, name, op, prescale, postscale, process_set):
     gathered = []
     for index, piece in enumerate(slices):
         values, indices = outputs[count + 2 * index:count + 2 * index + 2]
-        # Integers become float64, as TensorFlow's division makes them in Horovod's Average
-        # (whatever the size, one rank included).
-        if not values.dtype.is_floating and (scale != 1.0 or op == Average):
-            values = tf.cast(values, tf.float64) * scale
-        elif scale != 1.0:
-            values = values * tf.cast(scale, values.dtype)
+        if op == Average:
+            # As Horovod divides: in the values' dtype, so integers become TensorFlow's
+            # quotient of integers (float64 for int32 and int64), whatever the size.
+            values = values / tf.cast(_set_size(process_set), values.dtype)
         gathered.append(tf.IndexedSlices(values, indices, piece.dense_shape))
     return outputs[:count], gathered
 
@@ -194,10 +195,11 @@ def grouped_allreduce(tensors, average=None, compression=Compression.none, op=No
         op = as_reduce_op(reduce_op_from(average, op))
         tensors = [t if isinstance(t, tf.IndexedSlices) else as_tensor(t, what("grouped_allreduce", name))
                    for t in tensors]
-        slices = [t for t in tensors if isinstance(t, tf.IndexedSlices)]
-        _slices_scale(name, op, prescale_factor, postscale_factor, slices, process_set)
-    except (TypeError, ValueError, NotImplementedError) as error:
+    except (TypeError, ValueError) as error:
         return [_fail_everywhere(error, _group_names(name, tensors), process_set)] * len(tensors)
+    slices = [t for t in tensors if isinstance(t, tf.IndexedSlices)]
+    if slices:
+        _check_slices(name, op, prescale_factor, postscale_factor)
     dense = [(i, compression.compress(t)) for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     wires = [wire for _, (wire, _) in dense]
     if slices:

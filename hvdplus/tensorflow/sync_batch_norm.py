@@ -20,9 +20,14 @@ __all__ = ["SyncBatchNormalization"]
 
 class SyncBatchNormalization(tf.keras.layers.BatchNormalization):
     """tf.keras.layers.BatchNormalization with its batch statistics over every rank of
-    `process_set` (the whole job by default); its other arguments are Keras'."""
+    `process_set` (the whole job by default); its other arguments are Keras', and `fused`
+    Horovod's (False, the only value it takes)."""
 
-    def __init__(self, *args, process_set=global_process_set, **kwargs):
+    def __init__(self, *args, fused=False, process_set=global_process_set, **kwargs):
+        # Horovod's signature: the statistics are all-reduced in `_moments`, which a fused
+        # kernel would bypass; Keras 3 has no fused kernel to turn off.
+        if fused in (True, None):
+            raise ValueError("SyncBatchNormalization does not support fused=True: its statistics are all-reduced")
         super().__init__(*args, **kwargs)
         self.process_set = process_set
 

@@ -54,4 +54,84 @@ for x, y in batches:
     plain.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables), reference.trainable_variables))
 for a, b in zip(mine.variables, reference.variables):
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
+# PartialDistributedGradientTape on Keras 3 variables, as Horovod's test drives it: the first
+# layers stay local (their gradients divided by the size), the others are averaged.
+def ranked_model(r):
+    start = tf.keras.initializers.Constant(r + 0.5)
+    return tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2, kernel_initializer=start),
+                                tf.keras.layers.RepeatVector(3),
+                                tf.keras.layers.TimeDistributed(tf.keras.layers.Dense(3, kernel_initializer=start))])
+
+
+def gradients_of(net, tape_class=None, local_layers=None):
+    x, y = np.linspace(-1, 1, 3, dtype=np.float32)[None], np.linspace(0, 1, 9, dtype=np.float32).reshape(1, 3, 3)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(net(x) - y))
+    if tape_class is None:
+        return [g.numpy() for g in tape.gradient(loss, net.trainable_weights)]
+    tape = tape_class(tape, local_layers=local_layers)
+    return tape.get_local_and_global_gradients(loss, net.trainable_weights)
+
+
+plain_gradients = [gradients_of(ranked_model(r)) for r in range(size)]
+for local_count in (1, 2):
+    net = ranked_model(rank)
+    local_layers = net.layers[:local_count]
+    local_pairs, global_pairs = gradients_of(net, hvd.PartialDistributedGradientTape, local_layers)
+    local_count_weights = sum(len(layer.trainable_weights) for layer in local_layers)
+    assert [v for v, _ in local_pairs] == net.trainable_weights[:local_count_weights]
+    for index, (variable, grad) in enumerate(local_pairs + global_pairs):
+        expected = (plain_gradients[rank][index] / size if index < local_count_weights
+                    else np.mean([plain_gradients[r][index] for r in range(size)], axis=0))
+        np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+# IndexedSlices: Average divides float32 values in float32; a group mixes them with dense
+# tensors; other ops and scale factors raise NotImplementedError, as in Horovod.
+slice_values = tf.constant([[rank + 1.0, 2.0 * rank]], tf.float32)
+embedding_grad = tf.IndexedSlices(slice_values, tf.constant([rank]), tf.constant([size, 2]))
+table = np.array([[r + 1.0, 2.0 * r] for r in range(size)])
+for call in (lambda: hvd.allreduce(embedding_grad, op=hvd.Average),
+             tf.function(lambda: hvd.grouped_allreduce([embedding_grad, tf.ones([2]) * rank])[0])):
+    averaged_slices = call()
+    assert averaged_slices.values.dtype == tf.float32
+    np.testing.assert_allclose(tf.convert_to_tensor(averaged_slices).numpy(), table / size, rtol=1e-6)
+mixed = hvd.grouped_allreduce([tf.ones([2]) * rank, embedding_grad, tf.constant(rank)], op=hvd.Sum)
+np.testing.assert_allclose(mixed[0].numpy(), [size * (size - 1) / 2] * 2)
+np.testing.assert_allclose(tf.convert_to_tensor(mixed[1]).numpy(), table)
+assert mixed[2].numpy() == size * (size - 1) // 2
+for refused in (dict(op=hvd.Min), dict(op=hvd.Max), dict(op=hvd.Product), dict(op=hvd.Adasum),
+                dict(op=hvd.Sum, prescale_factor=2.0), dict(postscale_factor=0.5)):
+    try:
+        hvd.allreduce(embedding_grad, **refused)
+    except NotImplementedError:
+        pass
+    else:
+        raise AssertionError(f"allreduce of IndexedSlices with {refused} did not raise NotImplementedError")
+
+# An alltoall whose rows the ranks cannot split evenly, and no splits: InvalidArgumentError,
+# eagerly and in a tf.function.
+for call in (hvd.alltoall, tf.function(hvd.alltoall)):
+    try:
+        call(tf.ones([size + 1, 2]))
+    except tf.errors.InvalidArgumentError:
+        pass
+    else:
+        raise AssertionError("an uneven alltoall without splits did not raise InvalidArgumentError")
+
+# SyncBatchNormalization takes Horovod's fused=False; its statistics cover every rank's rows.
+rows = np.arange(4 * size * 3, dtype=np.float32).reshape(4 * size, 3) ** 1.5
+normalized = hvd.SyncBatchNormalization(fused=False)(rows[4 * rank:4 * rank + 4], training=True)
+expected = tf.keras.layers.BatchNormalization()(rows, training=True).numpy()[4 * rank:4 * rank + 4]
+np.testing.assert_allclose(normalized.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+# broadcast_variables in a tf.compat.v1 graph built after hvd.init().
+with tf.Graph().as_default():
+    graph_variable = tf.compat.v1.get_variable("v", initializer=tf.fill([2], float(rank)))
+    sync = hvd.broadcast_variables([graph_variable], root_rank=size - 1)
+    with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(sync)
+        np.testing.assert_array_equal(session.run(graph_variable), [size - 1.0] * 2)
 print(f"tensorflow program ok on rank {rank}", flush=True)

@@ -245,10 +245,11 @@ def test_integer_indexed_slices_average_to_float64_as_horovod_does(mode, rank, s
     assert got_values.dtype == tf.float64
     np.testing.assert_allclose(got_values.numpy(), [[(r + 1) / size, 2 * r / size] for r in range(size)])
     np.testing.assert_array_equal(got_indices.numpy(), [r % 4 for r in range(size)])
-    # Ops other than Sum and Average gather too; Adasum cannot combine slices.
-    mins = run(mode, lambda v, i: hvd.allreduce(tf.IndexedSlices(v, i, tf.constant([4, 2], tf.int64)),
-                                                op=hvd.Min).values, values, indices)
-    np.testing.assert_array_equal(mins.numpy(), [[r + 1, 2 * r] for r in range(size)])
+    # As in Horovod, other ops and scale factors are refused when the call is made or traced.
+    for op, scale in [(hvd.Min, 1.0), (hvd.Adasum, 1.0), (hvd.Sum, 2.0)]:
+        with pytest.raises(NotImplementedError, match="Adasum" if op == hvd.Adasum else "IndexedSlices"):
+            run(mode, lambda v, i: hvd.allreduce(tf.IndexedSlices(v, i, tf.constant([4, 2], tf.int64)), op=op,
+                                                 prescale_factor=scale).values, values, indices)
 
 
 # -- names, variables, objects, join -----------------------------------------------------------
