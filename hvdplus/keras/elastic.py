@@ -20,7 +20,7 @@ batches of it are done.
 import keras
 import numpy as np
 
-from ..elastic import HostsUpdatedInterrupt, ObjectHandler, ObjectState, RanksFailedError, State, run
+from ..elastic import HostsUpdatedInterrupt, ObjectHandler, ObjectState, RanksFailedError, State, fit_callbacks, run
 from .callbacks import broadcast_variables
 
 __all__ = ["KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run",
@@ -101,67 +101,22 @@ class KerasState(State):
             jax.clear_caches()
 
 
-class CommitStateCallback(keras.callbacks.Callback):
+class CommitStateCallback(fit_callbacks.CommitState, keras.callbacks.Callback):
     """Commit `state` every `batches_per_commit` batches and at the end of every epoch.
     Put it after the callbacks that update the state, so that the commit holds their work.
 
     The count starts afresh at each `fit` and each epoch, alike on every rank: the ranks
     that joined at a re-form and those that were there before commit together."""
 
-    def __init__(self, state, batches_per_commit=1):
-        super().__init__()
-        if batches_per_commit < 1:
-            raise ValueError(f"batches_per_commit must be at least 1, got {batches_per_commit}")
-        self.state = state
-        self.batches_per_commit = batches_per_commit
-        self.batches_remaining = batches_per_commit
 
-    def on_train_begin(self, logs=None):
-        self.batches_remaining = self.batches_per_commit
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.batches_remaining -= 1
-        if self.batches_remaining == 0:
-            self._commit()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._commit()
-
-    def _commit(self):
-        self.state.commit()
-        self.batches_remaining = self.batches_per_commit
-
-
-class UpdateBatchStateCallback(keras.callbacks.Callback):
+class UpdateBatchStateCallback(fit_callbacks.UpdateBatchState, keras.callbacks.Callback):
     """Keep `state.batch` at the number of batches of the current epoch that are done, and
     set it back to 0 at the end of the epoch.
 
     A `fit` that resumes an epoch after a re-form counts its batches from 0 again: they are
     counted on from the `state.batch` the epoch began with."""
 
-    def __init__(self, state):
-        super().__init__()
-        self.state = state
-        self.first_batch = 0
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self.first_batch = self.state.batch
-
-    def on_train_batch_end(self, batch, logs=None):
-        # `batch` is the last of the steps run at once (steps_per_execution), counted from 0.
-        self.state.batch = self.first_batch + batch + 1
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.state.batch = 0
-
-
-class UpdateEpochStateCallback(keras.callbacks.Callback):
+class UpdateEpochStateCallback(fit_callbacks.UpdateEpochState, keras.callbacks.Callback):
     """Count `state.epoch` up by one at the end of every epoch, so that it names the next
     epoch to run, whether `fit` was given `initial_epoch=state.epoch` or counts from 0."""
-
-    def __init__(self, state):
-        super().__init__()
-        self.state = state
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.state.epoch += 1

@@ -16,6 +16,7 @@ import weakref
 import keras
 
 from ..common.local_layers import local_layer_variables
+from ..common.mixed_classes import mixed_class
 from ..common.reduce_ops import Average
 from ..common.scaling import Reduction, gradient_reduction
 from ..engine import runtime
@@ -24,8 +25,6 @@ from .compression import Compression
 from .mpi_ops import allreduce_gradients
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "distributed_class"]
-
-_CLASSES = {}
 
 
 class _DistributedOptimizer:
@@ -103,14 +102,7 @@ def _is_global(process_set) -> bool:
 
 def distributed_class(optimizer_class):
     """The hvdplus subclass of a Keras optimizer class (one per class, kept)."""
-    cls = _CLASSES.get(optimizer_class)
-    if cls is None:
-        cls = type(optimizer_class.__name__, (_DistributedOptimizer, optimizer_class), {
-            "__module__": optimizer_class.__module__,
-            "__doc__": optimizer_class.__doc__,
-        })
-        _CLASSES[optimizer_class] = cls
-    return cls
+    return mixed_class(_DistributedOptimizer, optimizer_class)
 
 
 def DistributedOptimizer(optimizer, compression=None, op=Average, backward_passes_per_step=1,

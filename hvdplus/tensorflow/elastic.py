@@ -13,9 +13,11 @@
             state.batch = 0
 
 Variables roll back as numpy copies and sync by broadcasting the values of the rank with
-the newest commit. Since TensorFlow 2.16 a Keras model is a Keras 3 one, whose state `hvdplus.keras.elastic.KerasState`
-keeps: TensorFlowKerasState is that class, looked up by name when a script asks for it, so
-that `import hvdplus.tensorflow` loads no Keras (which sits above this package).
+the newest commit. TensorFlowKerasState is the KerasState of the Keras that tf.keras is:
+`hvdplus.keras.elastic.KerasState` for Keras 3 (TensorFlow 2.16+), or
+`hvdplus.tensorflow.keras2.elastic.KerasState` for tf_keras under `TF_USE_LEGACY_KERAS=1`.
+It is looked up through `hvdplus.tensorflow.keras` when a script asks for it, so that
+`import hvdplus.tensorflow` loads no Keras (hvdplus.keras sits above this package).
 """
 
 import importlib
@@ -31,28 +33,30 @@ __all__ = [
 ]
 
 
-class _VariablesHandler(ObjectHandler):
-    """Keeps numpy copies of a list of tf.Variables; sync assigns one rank's values."""
+class VariablesHandler(ObjectHandler):
+    """Keeps numpy copies of a value's tf.Variables, `variables_of(value)` (by default the
+    value is a list of them); sync assigns one rank's values."""
 
-    def __init__(self, variables):
-        self.save(variables)
+    def __init__(self, value, variables_of=list):
+        self._variables_of = variables_of
+        self.save(value)
 
-    def save(self, variables):
-        self.saved = [variable.numpy() for variable in variables]  # .numpy() copies a variable
+    def save(self, value):
+        self.saved = [variable.numpy() for variable in self._variables_of(value)]  # .numpy() copies a variable
 
-    def restore(self, variables):
-        for variable, value in zip(variables, self.saved):
-            variable.assign(value)
-        return variables
+    def restore(self, value):
+        for variable, saved in zip(self._variables_of(value), self.saved):
+            variable.assign(saved)
+        return value
 
-    def sync(self, variables, name, root_rank=0):
-        broadcast_variables(variables, root_rank=root_rank)
-        return variables
+    def sync(self, value, name, root_rank=0):
+        broadcast_variables(self._variables_of(value), root_rank=root_rank)
+        return value
 
 
 def _handler_for(value):
     if isinstance(value, (list, tuple)) and value and all(_is_variable(v) for v in value):
-        return _VariablesHandler(value)
+        return VariablesHandler(value)
     return ObjectHandler(value)
 
 
@@ -75,5 +79,5 @@ class TensorFlowState(State):
 
 def __getattr__(name):
     if name == "TensorFlowKerasState":
-        return importlib.import_module("hvdplus.keras.elastic").KerasState
+        return importlib.import_module("hvdplus.tensorflow.keras").elastic.KerasState
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

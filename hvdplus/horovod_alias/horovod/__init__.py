@@ -30,7 +30,9 @@ if _real is not None:
 # Horovod programs ("at least 0.21") pass, and the text says what runs them.
 __version__ = f"0.28.1+hvdplus.{_hvdplus_version}"
 
-# Horovod's module -> the hvdplus module serving it; others map by name (horovod.X -> hvdplus.X).
+# Horovod's module -> the hvdplus module serving it; others map by name (horovod.X -> hvdplus.X):
+# horovod.tensorflow.keras and its callbacks and elastic go through hvdplus.tensorflow.keras,
+# which serves Keras 3 or tf_keras after what tf.keras is.
 RENAMED = {
     "horovod.common.exceptions": "hvdplus.common.errors",
     "horovod.common.process_sets": "hvdplus.engine.process_sets",
@@ -41,8 +43,6 @@ RENAMED = {
     "horovod.torch.elastic.state": "hvdplus.torch.elastic",
     "horovod.tensorflow.mpi_ops": "hvdplus.tensorflow",
     "horovod.tensorflow.functions": "hvdplus.tensorflow",
-    "horovod.tensorflow.keras.callbacks": "hvdplus.keras.callbacks",
-    "horovod.tensorflow.keras.elastic": "hvdplus.keras.elastic",
     "horovod.keras.callbacks": "hvdplus.keras.callbacks",
     "horovod.keras.elastic": "hvdplus.keras.elastic",
 }
