@@ -21,11 +21,19 @@ MPI_SUITES = sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.jo
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nranks", [1, 2, 3])
+@pytest.mark.parametrize("nranks", [2, 3])
 @pytest.mark.parametrize("suite", MPI_SUITES, ids=os.path.basename)
 def test_suite_on_ranks(mpi_job, suite, nranks):
     # One job per file, so a failure names its file before its test and rank.
     mpi_job.run_pytest_on_ranks(nranks, [suite])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_every_suite_on_one_rank(mpi_job):
+    # At one rank every collective takes its shortcut; one job for all the files pays the
+    # frameworks' imports once.
+    mpi_job.run_pytest_on_ranks(1, MPI_SUITES)
 
 
 @pytest.mark.timeout(300)
