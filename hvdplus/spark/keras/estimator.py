@@ -61,15 +61,15 @@ class KerasEstimator(Estimator):
 
     def _train(self, run_id: str, train_path: str, val_path: Optional[str]) -> "KerasModel":
         self.store.write(self.store.initial_model_path(run_id), model_bytes(self.model))
-        results = run(train_on_rank, args=(keras.optimizers.serialize(self.optimizer), self.loss, self.metrics,
+        optimizer_config = keras.optimizers.serialize(self.optimizer)
+        results = run(train_on_rank, args=(optimizer_config, self.loss, self.metrics,
                                            self.custom_objects, self.callbacks, self.store, run_id, train_path,
                                            val_path, self.feature_cols, self.label_cols, self.batch_size,
                                            self.epochs, self.shuffle, self.random_seed, self.verbose),
                       num_proc=self.num_proc, env={"KERAS_BACKEND": self.backend})
         trained = model_from_bytes(results[0]["model"], keras.saving.load_model,
                                    custom_objects=self.custom_objects, compile=False)
-        trained.compile(optimizer=keras.optimizers.deserialize(keras.optimizers.serialize(self.optimizer),
-                                                               custom_objects=self.custom_objects),
+        trained.compile(optimizer=keras.optimizers.deserialize(optimizer_config, custom_objects=self.custom_objects),
                         loss=self.loss, metrics=self.metrics)
         return KerasModel(trained, self.feature_cols, self.label_cols, results[0]["history"], run_id,
                           custom_objects=self.custom_objects)
