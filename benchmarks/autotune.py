@@ -28,7 +28,7 @@ from mpi4py import MPI  # noqa: E402
 
 import hvdplus.torch as hvd  # noqa: E402
 from harness import add_csv_option, interleaved_throughputs, write_results  # noqa: E402
-from hvdplus.engine import runtime  # noqa: E402
+from hvdplus.core import runtime  # noqa: E402
 from hvdplus.engine.autotune import CYCLE_MS, FUSION_MIB, MIB, Setting  # noqa: E402
 from torch_training import MODELS  # noqa: E402
 

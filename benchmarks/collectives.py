@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdplus as hvd
-from hvdplus.engine import runtime
+from hvdplus.core import runtime
 from harness import add_csv_option, init_gloo, write_results
 
 WORLD = MPI.COMM_WORLD

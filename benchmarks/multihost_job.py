@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import hvdplus as hvd
 from hvdplus.common.reduce_ops import ReduceOp
-from hvdplus.engine import runtime
+from hvdplus.core import runtime
 from harness import library_versions
 
 WORLD = MPI.COMM_WORLD

@@ -11,14 +11,14 @@ numpy arrays; `hvdplus.torch`, `hvdplus.tensorflow` and `hvdplus.keras` wrap the
 
 import importlib
 
-from .engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
-from .engine.basics import __all__ as _BASICS
+from .core.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
+from .core.basics import __all__ as _BASICS
 from .version import __version__
 
 # Loaded on first use, because importing them imports mpi4py.MPI, which initializes MPI:
 # the launcher (`python -m hvdplus.runner`) must not do that.
 _LAZY = {
-    name: "hvdplus.engine.collectives"
+    name: "hvdplus.core.collectives"
     for name in (
         "allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
         "barrier", "broadcast_object", "allgather_object", "grouped_allreduce", "join",

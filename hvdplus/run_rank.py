@@ -27,7 +27,7 @@ TRACEBACK_CHARS = 32 * 1024
 
 def _rank() -> int:
     """This rank's number in the job as it stands: hvdplus's, after an elastic re-form."""
-    runtime = sys.modules.get("hvdplus.engine.runtime")
+    runtime = sys.modules.get("hvdplus.core.runtime")
     if runtime is not None and runtime.is_initialized():
         return runtime.rank()
     return MPI.COMM_WORLD.Get_rank()

@@ -1,6 +1,6 @@
 """The wire protocol of point-to-point messages, on an explicit communicator: each message is
 a header (dtype, shape, tag), the data, and an acknowledgement that carries OK or the
-receiver's mismatch error, so both ranks raise the same error (hvdplus.engine.p2p is the API).
+receiver's mismatch error, so both ranks raise the same error (hvdplus.core.p2p is the API).
 
 A `Link` holds one communicator's messages in flight; `Send` and `Recv` are the operations,
 each a few nonblocking MPI steps that `Link.progress` moves on whenever a caller waits or

@@ -18,7 +18,7 @@ import time
 
 from ..common import launcher_messages
 from ..common.errors import HostsUpdatedInterrupt, RanksFailedError
-from ..engine import runtime
+from ..core import runtime
 
 __all__ = ["run"]
 
@@ -51,7 +51,7 @@ def run(func):
 
 def _peers_lost() -> bool:
     """Whether the engine has seen a rank die since the job last (re-)formed."""
-    return runtime.is_initialized() and runtime.current("elastic.run").engine.peers_lost
+    return runtime.peers_lost()
 
 
 def _recover(state) -> None:
@@ -59,7 +59,7 @@ def _recover(state) -> None:
     started = time.monotonic()
     old_size = runtime.size()
     lost = runtime.reform()
-    settings = runtime.current("elastic.run").settings
+    settings = runtime.settings("elastic.run")
     if settings.in_place_recovery and runtime.size() >= settings.elastic_min_np:
         if runtime.rank() == 0:
             sys.stderr.write(
@@ -76,7 +76,7 @@ def _recover(state) -> None:
 def _end_for_restart(state, request: dict) -> None:
     """End every rank, leaving the last commit of `state` on each host's disk and telling
     the launcher `request`, so that it starts the job again from there."""
-    if runtime.current("elastic.run").settings.elastic_dir is None:
+    if runtime.settings("elastic.run").elastic_dir is None:
         raise RuntimeError(
             f"hvdplus: the job must restart ({request['restart']}), but it was not started by "
             "hvdplusrun's elastic mode (--min-np/--max-np/--host-discovery-script), which restarts it"

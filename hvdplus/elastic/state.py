@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..common import elastic_files
 from ..common.errors import HostsUpdatedInterrupt
-from ..engine import collectives, runtime
+from ..core import collectives, runtime
 from . import commits
 
 __all__ = ["State", "ObjectState", "ObjectHandler"]
@@ -80,7 +80,7 @@ class State:
         # Where the ranks outlive a dead one, the memory of the survivors holds the last commit
         # and only a lost host needs the disk: the write goes on beside training. Elsewhere any
         # failure ends every rank, and each commit is written before training goes on.
-        self._wait_for_writes = not runtime.current("elastic state").settings.ulfm
+        self._wait_for_writes = not runtime.settings("elastic state").ulfm
 
     def _track(self, name: str, value: Any) -> None:
         setattr(self, name, value)
@@ -201,8 +201,8 @@ class ObjectState(State):
 
 
 def _elastic_dir() -> Optional[str]:
-    return runtime.current("elastic state").settings.elastic_dir
+    return runtime.settings("elastic state").elastic_dir
 
 
 def _launch_generation() -> int:
-    return runtime.current("elastic state").settings.elastic_generation
+    return runtime.settings("elastic state").elastic_generation

@@ -1,3 +1,4 @@
-"""The engine: runtime state, the background thread that negotiates, fuses and runs every
-collective in the same order on all ranks, and the numpy API on top of it
-(`hvdplus.engine.collectives`), which the framework adapters call."""
+"""The engine's machinery: the background thread that negotiates, fuses and runs every
+collective in the same order on all ranks (the tensor queue, negotiation, the response
+cache, the stall inspector, fusion, the executor, handles, the timeline and autotune), and
+the spec of each collective kind. The API on top of it is `hvdplus.core`."""

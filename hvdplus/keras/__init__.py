@@ -10,11 +10,11 @@ jax backends.
 
 import keras
 
-from ..engine import process_sets as _process_sets
-from ..engine import runtime as _runtime
-from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
-from ..engine.basics import Average
-from ..engine.basics import __all__ as _BASICS
+from ..core import process_sets as _process_sets
+from ..core import runtime as _runtime
+from ..core.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
+from ..core.basics import Average
+from ..core.basics import __all__ as _BASICS
 from . import callbacks, elastic
 from .compression import Compression
 from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcast_object, reducescatter

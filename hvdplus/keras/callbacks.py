@@ -5,8 +5,8 @@ import re
 import keras
 import numpy as np
 
-from ..engine import collectives, fit_callbacks, runtime
-from ..engine.process_sets import set_runtime
+from ..core import collectives, fit_callbacks, runtime
+from ..core.process_sets import require_member
 
 __all__ = [
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
@@ -19,7 +19,7 @@ def broadcast_variables(variables, root_rank=0, prefix="variable", process_set=N
 
     Variables are named by their path, so ranks whose models differ (another layer, another
     shape) get a TensorMismatchError naming the variable on every rank, never a hang."""
-    set_runtime(process_set, "broadcast_variables()")  # a rank outside the set: its ValueError first
+    require_member(process_set, "broadcast_variables()")  # a rank outside the set: its ValueError first
     handles = []
     for index, variable in enumerate(variables):
         name = f"{prefix}.{index}.{_stable_path(variable)}"

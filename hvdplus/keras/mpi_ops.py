@@ -8,8 +8,8 @@ import keras
 import numpy as np
 
 from ..common.reduce_ops import Average, reduce_op_from
-from ..engine import collectives
-from ..engine.process_sets import global_process_set
+from ..core import collectives
+from ..core.process_sets import global_process_set
 from . import backends
 from .compression import Compression
 

@@ -19,8 +19,8 @@ from ..common.local_layers import local_layer_variables
 from ..common.mixed_classes import mixed_class
 from ..common.reduce_ops import Average
 from ..common.scaling import Reduction, gradient_reduction
-from ..engine import runtime
-from ..engine.process_sets import ProcessSet, global_process_set
+from ..core import runtime
+from ..core.process_sets import ProcessSet, global_process_set
 from .compression import Compression
 from .mpi_ops import allreduce_gradients
 

@@ -283,7 +283,7 @@ def rank_of_the_job():
 def _finalize_mpi() -> None:
     # Found among the loaded modules, not imported: a training function that never loaded
     # them started no MPI, and the backend itself never becomes an MPI process.
-    runtime = sys.modules.get("hvdplus.engine.runtime")
+    runtime = sys.modules.get("hvdplus.core.runtime")
     if runtime is not None:
         runtime.shutdown()
     mpi = sys.modules.get("mpi4py.MPI")

@@ -7,8 +7,8 @@ in tf.compat.v1 graphs run by a Session.
     strategy = tf.distribute.MirroredStrategy(cross_device_ops=hvd.CrossDeviceOps())
 """
 
-from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
-from ..engine.basics import __all__ as _BASICS
+from ..core.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
+from ..core.basics import __all__ as _BASICS
 from . import elastic
 from .compression import Compression
 from .cross_device_ops import CrossDeviceOps

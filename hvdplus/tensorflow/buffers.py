@@ -33,7 +33,7 @@ import tensorflow as tf
 from ..common.errors import (
     CollectiveArgumentError, HvdplusError, RanksFailedError, ShutdownError, StalledError, TensorMismatchError,
 )
-from ..engine.process_sets import set_runtime
+from ..core.process_sets import is_job, name_in, require_member
 
 __all__ = ["collective_name", "what", "as_tensor", "run_on_host", "MismatchError", "AbortedError",
            "FailedPreconditionError", "InvalidArgumentError"]
@@ -90,14 +90,14 @@ def collective_name(kind: str, name=None, process_set=None) -> str:
 
     NotInitializedError, and the core's ValueError for a set that does not include this
     rank, are raised here: when the call is made or traced, not when a graph runs."""
-    live = set_runtime(process_set, f"{kind}()")
+    require_member(process_set, f"{kind}()")
     if name is not None:
         return str(name)
     if tf.executing_eagerly():
-        return live.name_for(kind, None)
+        return name_in(process_set, kind, None, f"{kind}()")
     # Numbered apart per set, so that ranks whose graphs hold other sets' collectives (one
     # set's ranks trace other code than another's) still agree on the job's names.
-    scope = "hvdplus" if live.is_job else f"hvdplus_set{process_set.process_set_id}"
+    scope = "hvdplus" if is_job(process_set) else f"hvdplus_set{process_set.process_set_id}"
     graph = tf.compat.v1.get_default_graph()
     if not tf.compat.v1.executing_eagerly_outside_functions():
         # The functions a tf.compat.v1 graph holds (tf.cond's branches, tf.function) run

@@ -40,7 +40,7 @@ from tensorflow.python.distribute import cross_device_ops as tf_cross_device_ops
 from tensorflow.python.distribute import cross_device_utils
 
 from ..common.reduce_ops import Average, as_reduce_op
-from ..engine import runtime
+from ..core import runtime
 from .compression import Compression
 from .mpi_ops import broadcast, grouped_allreduce
 

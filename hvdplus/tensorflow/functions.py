@@ -3,8 +3,8 @@ and object collectives."""
 
 import tensorflow as tf
 
-from ..engine import collectives
-from ..engine.process_sets import global_process_set
+from ..core import collectives
+from ..core.process_sets import global_process_set
 from .buffers import collective_name, run_on_host
 
 __all__ = ["broadcast_variables", "broadcast_", "broadcast_global_variables", "BroadcastGlobalVariablesHook",

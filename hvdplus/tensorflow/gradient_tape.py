@@ -22,7 +22,7 @@ import tensorflow as tf
 from ..common.local_layers import local_layer_variables
 from ..common.reduce_ops import Average, Sum, as_reduce_op
 from ..common.scaling import gradient_reduction
-from ..engine.process_sets import ProcessSet, global_process_set, set_runtime
+from ..core.process_sets import ProcessSet, global_process_set, size_in
 from .compression import Compression
 from .mpi_ops import grouped_allreduce
 
@@ -52,7 +52,7 @@ class _DistributedGradientTape:
         self._process_set = process_set
         self._reduces = not _outside(process_set)
         if self._reduces:
-            self._size = set_runtime(process_set, "DistributedGradientTape").topology.size
+            self._size = size_in(process_set, "DistributedGradientTape")
             self._reduction = gradient_reduction(op, gradient_predivide_factor, self._size)
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense

@@ -5,7 +5,8 @@ a Session) built in one job may run in another."""
 import numpy as np
 import tensorflow as tf
 
-from ..engine import runtime
+from ..core import runtime
+from ..core.process_sets import includes_this_rank, size_of_id
 from .buffers import run_on_host
 
 __all__ = ["size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op",
@@ -21,19 +22,9 @@ def _query(read, name):
         return run_on_host(lambda: [np.int32(read())], [], [tf.int32], [tf.TensorShape([])])[0]
 
 
-def _set_size(process_set_id: int) -> int:
-    live = runtime.current("size_op()")
-    if process_set_id == 0:
-        return live.topology.size
-    ranks = live.process_set_ranks.get(process_set_id)
-    if ranks is None:
-        raise ValueError(f"size_op(): no process set has id {process_set_id}")
-    return len(ranks)
-
-
 def size_op(process_set_id=0, name=None):
     """The number of ranks (of the process set with this id), as an int32 scalar."""
-    return _query(lambda: _set_size(process_set_id), name)
+    return _query(lambda: size_of_id(process_set_id, "size_op()"), name)
 
 
 def local_size_op(name=None):
@@ -54,12 +45,8 @@ def local_rank_op(name=None):
 def _included(process_set_id: int) -> int:
     if not runtime.is_initialized():
         return PROCESS_SET_ERROR_INIT
-    if process_set_id == 0:
-        return 1
-    live = runtime.current("process_set_included_op()")
-    if process_set_id not in live.process_set_ranks:
-        return PROCESS_SET_ERROR_UNKNOWN_SET
-    return int(process_set_id in live.process_sets)
+    included = includes_this_rank(process_set_id, "process_set_included_op()")
+    return PROCESS_SET_ERROR_UNKNOWN_SET if included is None else int(included)
 
 
 def process_set_included_op(process_set_id=0, name=None):

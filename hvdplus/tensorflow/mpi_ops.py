@@ -28,8 +28,8 @@ import numpy as np
 import tensorflow as tf
 
 from ..common.reduce_ops import Adasum, Average, Sum, as_reduce_op, reduce_op_from
-from ..engine import collectives, runtime
-from ..engine.process_sets import global_process_set, set_runtime
+from ..core import collectives, runtime
+from ..core.process_sets import global_process_set, rank_in, require_member, size_in
 from .buffers import as_tensor, collective_name, run_on_host, what
 from .compression import Compression
 
@@ -68,7 +68,7 @@ def _check_differentiable(kind, op):
 
 def _set_size(process_set) -> int:
     """How many ranks `process_set` has (the job's for the global set)."""
-    return set_runtime(process_set, "process_set.size()").topology.size
+    return size_in(process_set, "process_set.size()")
 
 
 def _rows_shape(shape: tf.TensorShape) -> tf.TensorShape:
@@ -228,7 +228,7 @@ def _allgather(tensor, name, process_set):
         def grad(upstream):
             averaged = _allreduce(upstream, f"{name}.grad", Average, 1.0, 1.0, process_set)
             rows = _host_allgather(tf.shape(x, out_type=tf.int64)[:1], f"{name}.grad.rows", process_set)
-            rank = set_runtime(process_set, "allgather()").topology.rank  # this rank's place in the set
+            rank = rank_in(process_set, "allgather()")  # this rank's place in the set
             start = tf.reduce_sum(rows[:rank])
             return averaged[start:start + rows[rank]]
 
@@ -376,7 +376,7 @@ def grouped_reducescatter(tensors, compression=Compression.none, op=Average, nam
 def join(process_set=global_process_set):
     """This rank is out of data (see hvdplus.join); returns the last rank (a job rank) of
     `process_set` to join, as an int32 scalar tensor."""
-    set_runtime(process_set, "join()")  # a rank outside the set: ValueError now, not when a graph runs
+    require_member(process_set, "join()")  # a rank outside the set: ValueError now, not when a graph runs
     return run_on_host(lambda: [np.int32(collectives.join(process_set))], [], [tf.int32], [tf.TensorShape([])])[0]
 
 

@@ -9,7 +9,7 @@ no Keras."""
 import importlib
 
 from ..common.reduce_ops import Average
-from ..engine.process_sets import global_process_set
+from ..core.process_sets import global_process_set
 from .compression import Compression
 
 __all__ = ["DistributedOptimizer"]

@@ -1,5 +1,5 @@
 """Point-to-point messages on TensorFlow tensors, eagerly and inside tf.function (see
-hvdplus.engine.p2p for the checks, order and completion rules).
+hvdplus.core.p2p for the checks, order and completion rules).
 
     if hvd.rank() == 0:
         hvd.send(activations, dst=1, tag=7)
@@ -20,7 +20,7 @@ it as an ordinary message.
 
 import tensorflow as tf
 
-from ..engine import p2p
+from ..core import p2p
 from .buffers import as_tensor, run_on_host
 
 __all__ = ["send", "recv"]

@@ -12,7 +12,7 @@ order. A call with a mask uses this rank's rows alone.
 import tensorflow as tf
 
 from ..common.reduce_ops import Sum
-from ..engine.process_sets import global_process_set
+from ..core.process_sets import global_process_set
 from .mpi_ops import allreduce
 
 __all__ = ["SyncBatchNormalization"]

@@ -6,8 +6,8 @@
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 """
 
-from ..engine.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
-from ..engine.basics import __all__ as _BASICS
+from ..core.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
+from ..core.basics import __all__ as _BASICS
 from . import elastic
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..elastic import HostsUpdatedInterrupt, ObjectHandler, ObjectState, RanksFailedError, State, run
-from ..engine import runtime
+from ..core import runtime
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
 __all__ = ["TorchState", "ElasticSampler", "run", "ObjectState", "State", "HostsUpdatedInterrupt",

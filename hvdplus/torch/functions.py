@@ -4,8 +4,8 @@ Each takes `process_set=` (default: the whole job); `root_rank` is a job rank of
 
 import torch
 
-from ..engine import collectives, runtime
-from ..engine.process_sets import global_process_set
+from ..core import collectives, runtime
+from ..core.process_sets import global_process_set
 from .mpi_ops import broadcast_async_
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
-from ..engine import collectives, runtime
+from ..core import collectives, runtime
 from ..engine.handles import Handle, HandleGroup
-from ..engine.process_sets import ProcessSet, global_process_set, name_in, rank_in, size_in
+from ..core.process_sets import ProcessSet, global_process_set, name_in, rank_in, size_in
 from .buffers import (
     numpy_view,
     numpy_views,

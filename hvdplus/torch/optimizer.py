@@ -25,8 +25,8 @@ import torch
 from ..common.errors import HvdplusError
 from ..common.reduce_ops import Average
 from ..common.scaling import gradient_reduction
-from ..engine import runtime
-from ..engine.process_sets import global_process_set, overlaps_in, size_in
+from ..core import runtime
+from ..core.process_sets import global_process_set, overlaps_in, size_in
 from .compression import Compression
 from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
 

@@ -1,4 +1,4 @@
-"""Point-to-point messages on torch tensors (see hvdplus.engine.p2p for the checks, order and
+"""Point-to-point messages on torch tensors (see hvdplus.core.p2p for the checks, order and
 completion rules), differentiable across ranks.
 
     # rank 0                                   # rank 1
@@ -29,7 +29,7 @@ handle whose synchronize gives None, `recv_async` one that gives the tensor.
 
 import torch
 
-from ..engine import p2p
+from ..core import p2p
 from .buffers import SUPPORTED, numpy_view, as_in_place_array, check_tensor, to_tensor
 
 __all__ = ["send", "recv", "send_async", "recv_async"]
@@ -103,7 +103,7 @@ class _RecvFunction(torch.autograd.Function):
 
 
 def send(tensor, dst, tag=0, process_set=None):
-    """Send `tensor` to job rank `dst`; returns once `dst` has it (see hvdplus.engine.p2p).
+    """Send `tensor` to job rank `dst`; returns once `dst` has it (see hvdplus.core.p2p).
 
     Returns a 0-dim zero tensor; when `tensor` requires grad it is connected to it, and
     its backward receives the gradient from `dst` (see the module's docstring)."""

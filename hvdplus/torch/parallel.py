@@ -18,7 +18,7 @@ input). Every rank of the set must run the same layers in the same order.
 import torch
 
 from ..common.reduce_ops import Sum
-from ..engine.process_sets import global_process_set, rank_in, size_in
+from ..core.process_sets import global_process_set, rank_in, size_in
 from .mpi_ops import allgather, allreduce
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "copy_to_set", "sum_over_set", "gather_from_set"]

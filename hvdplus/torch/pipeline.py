@@ -31,7 +31,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..engine.process_sets import global_process_set, rank_in, ranks_in, size_in
+from ..core.process_sets import global_process_set, rank_in, ranks_in, size_in
 from .p2p import recv, send_async
 
 __all__ = ["Pipeline", "split_sequential", "schedule", "SCHEDULES"]

@@ -16,7 +16,7 @@ In eval mode with running statistics, the layer is a plain local batch norm. Wit
 import torch
 
 from ..common.reduce_ops import Sum
-from ..engine.process_sets import global_process_set, size_in
+from ..core.process_sets import global_process_set, size_in
 from .mpi_ops import allreduce
 
 __all__ = ["SyncBatchNorm"]

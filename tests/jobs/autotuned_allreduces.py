@@ -6,7 +6,7 @@ the sums stay exact while the tuner moves every rank's algorithm, and that all e
 import numpy as np
 
 import hvdplus as hvd
-from hvdplus.engine import runtime
+from hvdplus.core import runtime
 
 hvd.init()
 engine = runtime.current().engine

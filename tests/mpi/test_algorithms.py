@@ -18,7 +18,7 @@ from hvdplus.comm.mpi_collectives import MPI_OPS
 from hvdplus.comm.reduction import UFUNCS
 from hvdplus.comm.ring import ring_allgather, ring_allreduce, ring_reducescatter
 from hvdplus.comm.shared_window import SharedWindow
-from hvdplus.engine.runtime import current
+from hvdplus.core.runtime import current
 
 from testkit.rank_data import rank_values
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import hvdplus as hvd
-from hvdplus.engine.runtime import current
+from hvdplus.core.runtime import current
 
 from testkit.rank_data import rank_values
 

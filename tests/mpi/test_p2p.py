@@ -1,4 +1,4 @@
-"""Point-to-point messages (hvdplus.engine.p2p and its torch and tensorflow forms): every
+"""Point-to-point messages (hvdplus.core.p2p and its torch and tensorflow forms): every
 dtype between ranks 0 and 1 and around a ring of all ranks, order, async handles, the
 mismatch errors on both ranks, argument and process-set errors, and gradients flowing back
 through torch messages. Needs two ranks; run at 2 and 3 (tests/test_mpi_suites.py)."""

@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
-import hvdplus.engine.collectives as collectives  # noqa: E402
+import hvdplus.core.collectives as collectives  # noqa: E402
 import hvdplus.tensorflow as hvd  # noqa: E402
 from testkit.tensorflow_modes import MODES, run  # noqa: E402
 

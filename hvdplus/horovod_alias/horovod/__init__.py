@@ -35,7 +35,7 @@ __version__ = f"0.28.1+hvdplus.{_hvdplus_version}"
 # which serves Keras 3 or tf_keras after what tf.keras is.
 RENAMED = {
     "horovod.common.exceptions": "hvdplus.common.errors",
-    "horovod.common.process_sets": "hvdplus.engine.process_sets",
+    "horovod.common.process_sets": "hvdplus.core.process_sets",
     "horovod.torch.mpi_ops": "hvdplus.torch",
     "horovod.torch.optimizer": "hvdplus.torch",
     "horovod.torch.functions": "hvdplus.torch",

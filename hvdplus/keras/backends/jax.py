@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from ...engine import collectives
+from ...core import collectives
 
 
 def grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor, name, process_set=None):

@@ -1,7 +1,7 @@
 """Keras' torch trainer applies gradients eagerly: hvdplus.torch's grouped all-reduce."""
 
 from ... import torch as hvd_torch
-from ...engine.process_sets import global_process_set
+from ...core.process_sets import global_process_set
 
 
 def grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor, name, process_set=None):

@@ -1,11 +1,11 @@
 """Horovod's Keras callbacks for tf_keras (Keras 2), `tf.keras` under `TF_USE_LEGACY_KERAS=1`:
-what they do is hvdplus.engine.fit_callbacks', as for Keras 3; they are tf_keras Callbacks,
+what they do is hvdplus.core.fit_callbacks', as for Keras 3; they are tf_keras Callbacks,
 which reach the model's variables as tf.Variables."""
 
 import tensorflow as tf
 import tf_keras
 
-from ...engine import fit_callbacks
+from ...core import fit_callbacks
 from ..functions import broadcast_variables
 from .optimizer import build_optimizer
 

@@ -8,7 +8,7 @@ ranks; ranks (broadcast roots) are job ranks; a rank outside the set gets a Valu
 import tensorflow as tf
 
 from ...common.reduce_ops import Average
-from ...engine.process_sets import global_process_set
+from ...core.process_sets import global_process_set
 from .. import mpi_ops
 from ..compression import Compression
 from ..functions import allgather_object, broadcast_object

@@ -20,7 +20,7 @@ import tf_keras
 from ...common.local_layers import local_layer_variables
 from ...common.mixed_classes import mixed_class
 from ...common.reduce_ops import Average, Sum, as_reduce_op
-from ...engine.process_sets import global_process_set
+from ...core.process_sets import global_process_set
 from ..compression import Compression
 from ..gradient_tape import DistributedGradientTape
 

@@ -17,7 +17,8 @@ from typing import List, Optional, Sequence, Union
 
 from . import runtime
 
-__all__ = ["ProcessSet", "global_process_set", "init", "add_process_set", "remove_process_set", "set_runtime",
+__all__ = ["ProcessSet", "global_process_set", "init", "add_process_set", "remove_process_set", "runtime_of",
+           "require_member", "is_job", "size_of_id", "includes_this_rank",
            "size_in", "rank_in", "overlaps_in", "name_in", "ranks_in"]
 
 
@@ -114,90 +115,119 @@ def _after_reform() -> None:
     global_process_set.ranks = list(runtime.current("reform()").ranks)
 
 
-def set_runtime(process_set: Optional[ProcessSet], what: str) -> "runtime.Runtime":
+def runtime_of(process_set: Optional[ProcessSet], what: str) -> "runtime.Runtime":
     """The Runtime that runs `process_set`'s collectives on this rank (the job's own for the
     global set or None); ValueError if this rank is not in the set."""
-    live = runtime.current(what)
+    job = runtime.current(what)
     if process_set is None or process_set.process_set_id == 0:
-        return live
+        return job
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"{what}: process_set must be an hvdplus ProcessSet, got {type(process_set).__name__}")
     if process_set.process_set_id is None:
         raise ValueError(f"{what}: process set {process_set.ranks} has not been added (hvd.add_process_set)")
-    member = live.process_sets.get(process_set.process_set_id)
+    member = job.process_sets.get(process_set.process_set_id)
     # After a re-form (hvdplus.elastic) ids start again: a set is its id and its ranks.
-    if live.process_set_ranks.get(process_set.process_set_id) != process_set.ranks:
+    if job.process_set_ranks.get(process_set.process_set_id) != process_set.ranks:
         raise ValueError(f"{what}: process set {process_set.ranks} was removed, or the job re-formed since "
                          "it was added")
     if member is None:
         raise ValueError(f"{what} on process set {process_set.ranks}, which does not include rank "
-                         f"{live.topology.rank}")
+                         f"{job.topology.rank}")
     return member
 
 
+def require_member(process_set: Optional[ProcessSet], what: str) -> None:
+    """Raise now, when a call is made or traced, what runtime_of raises for `process_set`
+    (not initialized, not added, removed, or without this rank)."""
+    runtime_of(process_set, what)
+
+
+def is_job(process_set: Optional[ProcessSet]) -> bool:
+    """Whether `process_set` stands for the whole job (None or the global set)."""
+    return process_set is None or process_set.process_set_id == 0
+
+
+def size_of_id(process_set_id: int, what: str) -> int:
+    """How many ranks the process set with id `process_set_id` has, whether or not this rank
+    is in it; ValueError for an id no set has."""
+    ranks = runtime.current(what).process_set_ranks.get(process_set_id)
+    if ranks is None:
+        raise ValueError(f"{what}: no process set has id {process_set_id}")
+    return len(ranks)
+
+
+def includes_this_rank(process_set_id: int, what: str) -> Optional[bool]:
+    """Whether this rank is in the process set with id `process_set_id`; None for an id no
+    set has."""
+    job = runtime.current(what)
+    if process_set_id not in job.process_set_ranks:
+        return None
+    return process_set_id == 0 or process_set_id in job.process_sets
+
+
 def size_in(process_set: Optional[ProcessSet], what: str) -> int:
-    """How many ranks `process_set` has (the job's, for None); errors as set_runtime's."""
-    return set_runtime(process_set, what).topology.size
+    """How many ranks `process_set` has (the job's, for None); errors as runtime_of's."""
+    return runtime_of(process_set, what).topology.size
 
 
 def rank_in(process_set: Optional[ProcessSet], what: str) -> int:
-    """This rank's place in `process_set` (in the job, for None); errors as set_runtime's."""
-    return set_runtime(process_set, what).topology.rank
+    """This rank's place in `process_set` (in the job, for None); errors as runtime_of's."""
+    return runtime_of(process_set, what).topology.rank
 
 
 def ranks_in(process_set: Optional[ProcessSet], what: str) -> List[int]:
     """The job ranks of `process_set`'s members, in the set's order."""
-    return list(set_runtime(process_set, what).ranks)
+    return list(runtime_of(process_set, what).ranks)
 
 
 def overlaps_in(process_set: Optional[ProcessSet], what: str) -> bool:
     """Whether `process_set`'s engine runs agreed collectives in the background at once
     (HVDPLUS_OVERLAP), rather than when a rank waits."""
-    return set_runtime(process_set, what).engine.overlap
+    return runtime_of(process_set, what).engine.overlap
 
 
 def name_in(process_set: Optional[ProcessSet], kind: str, name: Optional[str], what: str) -> str:
     """`name`, or the next of `process_set`'s names for unnamed calls of `kind`
     ("grouped_allgather.3"), alike on every rank that runs the same program."""
-    return set_runtime(process_set, what).name_for(kind, name)
+    return runtime_of(process_set, what).name_for(kind, name)
 
 
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
     """Add a set (collective over every rank of the job, in the same order everywhere);
     returns it, with its `process_set_id`. ValueError on every rank when the ranks passed
     differ between ranks, or a set of the same ranks exists."""
-    live = runtime.current("add_process_set()")
+    job = runtime.current("add_process_set()")
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.ranks is None and process_set.mpi_comm is not None:
         process_set.ranks = _communicator_ranks(process_set.mpi_comm)
     ranks = process_set.ranks
-    everyone = live.admin_comm.allgather(ranks)
+    everyone = job.admin_comm.allgather(ranks)
     if any(other != ranks for other in everyone):
         differing = "; ".join(f"rank {r} passed {other}" for r, other in enumerate(everyone))
         raise ValueError(f"add_process_set: the ranks disagree about the set's ranks: {differing}")
-    size = live.topology.size
+    size = job.topology.size
     if ranks[-1] >= size:
         raise ValueError(f"add_process_set({ranks}): ranks must be below the job's size {size}")
-    existing = [set_id for set_id, other in live.process_set_ranks.items() if other == ranks]
+    existing = [set_id for set_id, other in job.process_set_ranks.items() if other == ranks]
     if existing:
         raise ValueError(f"add_process_set({ranks}): process set {existing[0]} has the same ranks")
-    process_set.process_set_id = live.register_process_set(ranks)
+    process_set.process_set_id = job.register_process_set(ranks)
     return process_set
 
 
 def remove_process_set(process_set: ProcessSet) -> None:
     """Remove an added set (collective over every rank of the job); its collectives still
     pending fail with ShutdownError. The global set cannot be removed."""
-    live = runtime.current("remove_process_set()")
+    job = runtime.current("remove_process_set()")
     set_id = process_set.process_set_id
-    everyone = live.admin_comm.allgather(set_id)
+    everyone = job.admin_comm.allgather(set_id)
     if any(other != set_id for other in everyone):
         raise ValueError("remove_process_set: the ranks disagree about the set: "
                          + "; ".join(f"rank {r} passed set {other}" for r, other in enumerate(everyone)))
     if set_id == 0:
         raise ValueError("remove_process_set: the global process set cannot be removed")
-    if set_id not in live.process_set_ids:
+    if set_id not in job.process_set_ids:
         raise ValueError(f"remove_process_set: process set {process_set.ranks} is not added")
-    live.unregister_process_set(set_id)
+    job.unregister_process_set(set_id)
     process_set.process_set_id = None

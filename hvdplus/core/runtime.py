@@ -18,7 +18,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "current",
     "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
     "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built",
-    "start_timeline", "stop_timeline", "reform", "on_reform",
+    "start_timeline", "stop_timeline", "reform", "on_reform", "peers_lost", "settings",
 ]
 
 
@@ -34,7 +34,7 @@ class Runtime:
 
     def __init__(self, topology, settings: Settings, ranks: Optional[List[int]] = None):
         from ..comm.algorithms import CollectiveAlgorithms
-        from .engine import Engine
+        from ..engine.engine import Engine
 
         self.topology = topology
         self.settings = settings
@@ -275,6 +275,16 @@ def on_reform(callback: Callable[[], None]) -> Callable[[], None]:
     returns a function that removes it again."""
     _reform_callbacks.append(callback)
     return lambda: _reform_callbacks.remove(callback) if callback in _reform_callbacks else None
+
+
+def settings(what: str = "") -> Settings:
+    """The running job's settings, or NotInitializedError naming the call that needed them."""
+    return current(what).settings
+
+
+def peers_lost() -> bool:
+    """Whether this job's engine found that a peer died (a re-form is due; see reform)."""
+    return is_initialized() and _runtime.engine.peers_lost
 
 
 def is_initialized() -> bool:

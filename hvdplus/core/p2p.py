@@ -54,8 +54,8 @@ import numpy as np
 from ..comm.point_to_point import Link, Operation, Recv, Send, tag_text
 from ..common.dtypes import check_supported
 from . import runtime
-from .handles import chained
-from .process_sets import set_runtime
+from ..engine.handles import chained
+from .process_sets import runtime_of
 
 __all__ = ["send", "recv", "send_async", "recv_async", "tag_limit", "P2PHandle"]
 
@@ -68,21 +68,21 @@ _links = weakref.WeakKeyDictionary()  # a runtime's link, made on first use
 _links_lock = threading.Lock()
 
 
-def _link(live) -> Link:
+def _link(job) -> Link:
     with _links_lock:
-        link = _links.get(live)
+        link = _links.get(job)
         if link is None:
-            link = _links[live] = Link(live.p2p_comm, _revoker(weakref.ref(live)))
+            link = _links[job] = Link(job.p2p_comm, _revoker(weakref.ref(job)))
         return link
 
 
-def _revoker(live_ref) -> Callable[[], None]:
+def _revoker(job_ref) -> Callable[[], None]:
     """What a link calls when a peer died: revoke the runtime's communicators (with MPI's
     failure mitigation on), as a collective that sees a rank die does."""
     def revoke() -> None:
-        live = live_ref()
-        if live is not None and live.settings.ulfm:
-            live.revoke()
+        job = job_ref()
+        if job is not None and job.settings.ulfm:
+            job.revoke()
     return revoke
 
 
@@ -137,8 +137,8 @@ class P2PHandle:
 def _arguments(peer, tag, process_set, role: str, what: str):
     """(the job runtime's link, the peer, the tag) after checking them; ValueError or
     TypeError naming `what` otherwise."""
-    live = runtime.current(f"{what}()")
-    link = _link(live)
+    job = runtime.current(f"{what}()")
+    link = _link(job)
     for label, value in ((role, peer), ("tag", tag)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{what}: {label} must be an int, got {type(value).__name__}")
@@ -150,7 +150,7 @@ def _arguments(peer, tag, process_set, role: str, what: str):
     if not 0 <= tag < link.tag_limit:
         raise ValueError(f"{what}: tag {tag} is out of range [0, {link.tag_limit})")
     if process_set is not None:
-        set_runtime(process_set, what)  # this rank must be in the (added) set
+        runtime_of(process_set, what)  # this rank must be in the (added) set
         if process_set.process_set_id != 0 and peer not in process_set.ranks:
             raise ValueError(f"{what}: {role} rank {peer} is not in the process set {process_set.ranks}")
     return link, peer, tag

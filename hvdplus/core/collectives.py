@@ -17,12 +17,12 @@ from ..comm.adasum import adasum_tree, check_power_of_two
 from ..comm.reduction import apply_scale
 from ..common.dtypes import dtype_name
 from ..common.reduce_ops import ReduceOp, as_reduce_op
-from . import arguments
-from .packing import grouped_request
-from .handles import Handle, HandleGroup
-from .process_sets import set_runtime
-from .protocol import Agreement, Collective, Request
-from .agreement import input_error
+from ..engine import arguments
+from ..engine.packing import grouped_request
+from ..engine.handles import Handle, HandleGroup
+from .process_sets import runtime_of
+from ..engine.protocol import Agreement, Collective, Request
+from ..engine.agreement import input_error
 
 __all__ = [
     "input_error_async", "grouped_input_error_async", "allreduce_async", "grouped_allreduce_async",
@@ -38,13 +38,13 @@ def _submit(kind: Collective, name: Optional[str], plan: Callable[[str, object],
     `process_set` (None: the whole job).
 
     An argument error is not raised here: it is submitted, so that every rank raises it."""
-    live = set_runtime(process_set, f"{kind}()")
-    name = live.name_for(kind, name)  # a Collective is its text: "allreduce.7"
+    runtime = runtime_of(process_set, f"{kind}()")
+    name = runtime.name_for(kind, name)  # a Collective is its text: "allreduce.7"
     try:
-        request, payload = plan(name, live)
+        request, payload = plan(name, runtime)
     except (TypeError, ValueError) as exc:
         request, payload = input_error(kind, name, exc), None
-    return live.engine.submit(request, payload)
+    return runtime.engine.submit(request, payload)
 
 
 def input_error_async(kind: str, name: Optional[str], error: Exception, process_set=None):
@@ -52,7 +52,7 @@ def input_error_async(kind: str, name: Optional[str], error: Exception, process_
     ...), so that every rank raises it at synchronize (raising it on this rank alone would
     leave the others waiting for this rank's tensor)."""
 
-    def plan(name, live):
+    def plan(name, runtime):
         raise error
 
     return _submit(Collective(kind), name, plan, process_set)
@@ -61,8 +61,8 @@ def input_error_async(kind: str, name: Optional[str], error: Exception, process_
 def grouped_input_error_async(name: Optional[str], error: Exception, process_set=None):
     """input_error_async for a grouped all-reduce: the error is submitted under the group's
     name, which is what the other ranks submit (see groups.py)."""
-    live = set_runtime(process_set, "grouped_allreduce()")
-    return input_error_async("allreduce", live.name_for("grouped_allreduce", name), error, process_set)
+    runtime = runtime_of(process_set, "grouped_allreduce()")
+    return input_error_async("allreduce", runtime.name_for("grouped_allreduce", name), error, process_set)
 
 
 # Module constants: an enum member looked up on its class costs more than a global name, on
@@ -80,7 +80,7 @@ def _reduction_agreement(dtype: str, shape: tuple, op, prescale: float, postscal
 
 
 def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, output=None):
-    def plan(name, live):
+    def plan(name, runtime):
         what = f"{kind} '{name}'"
         data = arguments.checked_array(array, what)
         if output is not None:
@@ -95,7 +95,7 @@ def _reduction_plan(kind, array, op, prescale_factor, postscale_factor, output=N
 
 
 def _allgather_plan(array):
-    def plan(name, live):
+    def plan(name, runtime):
         data = arguments.checked_array(array, f"allgather '{name}'")
         arguments.check_has_rows(data, f"allgather '{name}'")
         agree = Agreement(dtype=dtype_name(data.dtype), trailing_shape=data.shape[1:])
@@ -105,31 +105,31 @@ def _allgather_plan(array):
 
 
 def _broadcast_plan(array, root_rank):
-    def plan(name, live):
+    def plan(name, runtime):
         what = f"broadcast '{name}'"
         data = arguments.checked_array(array, what)
-        root = _set_root(root_rank, live, what)
+        root = _set_root(root_rank, runtime, what)
         agree = Agreement(root_rank=root, dtype=dtype_name(data.dtype), shape=data.shape)
         return Request(Collective.BROADCAST, name, agree), data
 
     return plan
 
 
-def _set_root(root_rank, live, what: str) -> int:
-    """The root's rank within `live` (a process set's runtime, or the job's): `root_rank`
+def _set_root(root_rank, runtime, what: str) -> int:
+    """The root's rank within `runtime` (a process set's runtime, or the job's): `root_rank`
     is a job rank, as in Horovod, and must belong to the set."""
-    if live.is_job:
-        return arguments.check_root_rank(root_rank, live.topology.size, what)
+    if runtime.is_job:
+        return arguments.check_root_rank(root_rank, runtime.topology.size, what)
     # Any job rank may be named; set_rank_of says when it is not one of the set's.
-    return live.set_rank_of(arguments.check_root_rank(root_rank, math.inf, what), what)
+    return runtime.set_rank_of(arguments.check_root_rank(root_rank, math.inf, what), what)
 
 
 def _alltoall_plan(array, splits):
-    def plan(name, live):
+    def plan(name, runtime):
         what = f"alltoall '{name}'"
         data = arguments.checked_array(array, what)
         arguments.check_has_rows(data, what)
-        send = arguments.alltoall_splits(data, splits, live.topology.size, what)
+        send = arguments.alltoall_splits(data, splits, runtime.topology.size, what)
         agree = Agreement(dtype=dtype_name(data.dtype), trailing_shape=data.shape[1:])
         return Request(Collective.ALLTOALL, name, agree, splits=tuple(send)), data
 
@@ -146,11 +146,11 @@ def _is_adasum(op) -> bool:
 def _adasum_async(array, name, prescale_factor, postscale_factor, output, process_set):
     """All-reduce by Adasum (hvdplus.comm.adasum): every rank's vector is gathered, and each
     rank combines them in the same tree, so all hold the same result."""
-    live = set_runtime(process_set, "allreduce()")
-    name = live.name_for(_ALLREDUCE, name)
+    runtime = runtime_of(process_set, "allreduce()")
+    name = runtime.name_for(_ALLREDUCE, name)
     what = f"allreduce '{name}'"
     try:
-        check_power_of_two(live.topology.size, what)
+        check_power_of_two(runtime.topology.size, what)
         data = arguments.checked_array(array, what)
         if data.dtype.kind != "f" and dtype_name(data.dtype) != "bfloat16":
             raise TypeError(f"{what}: Adasum needs a floating dtype, got {dtype_name(data.dtype)}")
@@ -180,25 +180,25 @@ def _adasum_async(array, name, prescale_factor, postscale_factor, output, proces
 
 
 def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outputs=None, process_set=None):
-    live = set_runtime(process_set, "grouped_allreduce()")
+    runtime = runtime_of(process_set, "grouped_allreduce()")
     arrays = list(arrays)
     outputs = list(outputs) if outputs is not None else [None] * len(arrays)
-    group = live.name_for("grouped_allreduce", name)
+    group = runtime.name_for("grouped_allreduce", name)
     if _is_adasum(op):  # each tensor is combined on its own
         return HandleGroup(group, [_adasum_async(array, f"{group}.{index}", prescale_factor, postscale_factor,
                                                  output, process_set)
                                    for index, (array, output) in enumerate(zip(arrays, outputs))])
     if not arrays:  # nothing to agree on: done at once, on every rank alike
-        empty = Handle(group, live.engine)
+        empty = Handle(group, runtime.engine)
         empty.set_result([])
         return empty
     try:
         request, payload, finish = grouped_request(
-            group, arrays, outputs, op, prescale_factor, postscale_factor, live.algorithms.outputs,
-            in_shared_memory=live.algorithms.engine_algorithm == "shm", size=live.algorithms.size)
+            group, arrays, outputs, op, prescale_factor, postscale_factor, runtime.algorithms.outputs,
+            in_shared_memory=runtime.algorithms.engine_algorithm == "shm", size=runtime.algorithms.size)
     except (TypeError, ValueError) as exc:  # submitted, so that every rank raises it
         request, payload, finish = input_error(Collective.ALLREDUCE, group, exc), None, None
-    return live.engine.submit(request, payload, finish)
+    return runtime.engine.submit(request, payload, finish)
 
 
 def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
@@ -300,14 +300,14 @@ def alltoall(array, splits=None, name=None, process_set=None):
 
 def barrier(name=None, process_set=None):
     """Return once every rank (of `process_set`) has called barrier()."""
-    _submit(Collective.BARRIER, name, lambda name, live: (Request(Collective.BARRIER, name), None), process_set).wait()
+    _submit(Collective.BARRIER, name, lambda name, _: (Request(Collective.BARRIER, name), None), process_set).wait()
 
 
 def broadcast_object(obj=None, root_rank=0, name=None, process_set=None):
     """`root_rank`'s picklable `obj`, on every rank."""
 
-    def plan(name, live):
-        root = _set_root(root_rank, live, f"broadcast_object '{name}'")
+    def plan(name, runtime):
+        root = _set_root(root_rank, runtime, f"broadcast_object '{name}'")
         return Request(Collective.BROADCAST_OBJECT, name, Agreement(root_rank=root)), obj
 
     return _submit(Collective.BROADCAST_OBJECT, name, plan, process_set).wait()
@@ -316,7 +316,7 @@ def broadcast_object(obj=None, root_rank=0, name=None, process_set=None):
 def allgather_object(obj, name=None, process_set=None):
     """The list of every rank's picklable `obj`, in rank order."""
     return _submit(Collective.ALLGATHER_OBJECT, name,
-                   lambda name, live: (Request(Collective.ALLGATHER_OBJECT, name), obj), process_set).wait()
+                   lambda name, _: (Request(Collective.ALLGATHER_OBJECT, name), obj), process_set).wait()
 
 
 def join(process_set=None) -> int:
@@ -326,6 +326,6 @@ def join(process_set=None) -> int:
     reducescatter) or no rows (allgather), so they complete. Average still divides by
     size(), joined ranks included. Returns the rank that joined last.
     """
-    live = set_runtime(process_set, "join()")
-    joined_last = live.engine.submit(Request(Collective.JOIN, "__join__"), None).wait()
-    return live.ranks[joined_last]
+    runtime = runtime_of(process_set, "join()")
+    joined_last = runtime.engine.submit(Request(Collective.JOIN, "__join__"), None).wait()
+    return runtime.ranks[joined_last]

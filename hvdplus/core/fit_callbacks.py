@@ -11,7 +11,7 @@ Kerases are methods that their callback classes define, named in each class belo
 import numpy as np
 
 from . import collectives, runtime
-from .process_sets import global_process_set, set_runtime
+from .process_sets import global_process_set, runtime_of
 
 __all__ = ["BroadcastGlobalVariables", "MetricAverage", "LearningRateSchedule", "LearningRateWarmup"]
 
@@ -59,7 +59,7 @@ class MetricAverage:
         self.process_set = process_set
 
     def on_epoch_end(self, epoch, logs=None):
-        if set_runtime(self.process_set, "MetricAverageCallback").topology.size == 1 or not logs:
+        if runtime_of(self.process_set, "MetricAverageCallback").topology.size == 1 or not logs:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
         values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
