@@ -13,30 +13,28 @@ import importlib
 
 from .core.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
 from .core.basics import __all__ as _BASICS
-from .version import __version__
+from .version import __version__  # noqa: F401 (the package's version; __all__ is built on first use)
 
 # Loaded on first use, because importing them imports mpi4py.MPI, which initializes MPI:
-# the launcher (`python -m hvdplus.runner`) must not do that.
-_LAZY = {
-    name: "hvdplus.core.collectives"
-    for name in (
-        "allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
-        "barrier", "broadcast_object", "allgather_object", "grouped_allreduce", "join",
-        "allreduce_async", "grouped_allreduce_async", "allgather_async", "broadcast_async",
-        "alltoall_async", "reducescatter_async", "poll", "synchronize",
-    )
-}
-
+# the launcher (`python -m hvdplus.runner`) must not do that. The collectives are those that
+# hvdplus.core.collectives lists; the launcher's are below.
+_COLLECTIVES = "hvdplus.core.collectives"
 # Starting a job from Python: the launcher's, which never initializes MPI in this process.
-_LAZY.update({name: "hvdplus.runner.python_function" for name in ("run", "RanksRaisedError")})
+_LAUNCHER = {name: "hvdplus.runner.python_function" for name in ("run", "RanksRaisedError")}
 
-__all__ = ["__version__", *_BASICS, *sorted(_LAZY)]
+
+def _collective_names():
+    return importlib.import_module(_COLLECTIVES).__all__
 
 
 def __getattr__(name):
+    if name == "__all__":  # built on first use, from the collectives' own list
+        return ["__version__", *_BASICS, *_collective_names(), *sorted(_LAUNCHER)]
     if name == "elastic":  # a package of its own, loaded on first use like the collectives
         return importlib.import_module("hvdplus.elastic")
-    module = _LAZY.get(name)
+    module = _LAUNCHER.get(name)
+    if module is None and name in _collective_names():
+        module = _COLLECTIVES
     if module is None:
         raise AttributeError(f"module 'hvdplus' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
@@ -45,4 +43,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY) | {"elastic"})
+    return sorted(set(globals()) | set(_collective_names()) | set(_LAUNCHER) | {"elastic"})

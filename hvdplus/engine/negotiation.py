@@ -22,19 +22,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..common.errors import error_to_wire
 from .fusion import fused_nbytes, fusion_key
-from .protocol import JOINABLE, Batch, Collective, Outcome, Request, Token
+from .kinds import spec_of
+from .protocol import Batch, Collective, Outcome, Request, Token
 from .agreement import check_agreement
 
 __all__ = ["Coordinator"]
-
-# Horovod's words for the collectives that cannot run beside a joined rank, which programs
-# written for Horovod may look for.
-_NOT_WITH_JOIN = {
-    Collective.ALLGATHER: "Allgather is not supported with Join at this time. "
-                          "Specify sparse_to_dense=True if using DistributedOptimizer",
-    Collective.ALLTOALL: "Alltoall is not supported with Join at this time.",
-    Collective.BROADCAST: "Broadcast is not supported with Join at this time.",
-}
 
 # Compared per item and per name: a module name is cheaper than an enum member looked up on
 # its class, which costs a descriptor call on Python 3.11.
@@ -133,24 +125,26 @@ class Coordinator:
                 batches.append(Batch(kind, [name], error=error))
                 continue
             cache_ids = self._remember(name, entry, ranks)
-            if kind is _ALLREDUCE:
+            spec = spec_of(kind)
+            if spec.fused:
                 known = None if entry.needs_check or len(ranks) != self.size else self._cache_id_of[name]
                 self._fuse(name, requests[0], cache_ids, known, open_fusions, batches)
                 continue
             batch = Batch(kind, [name], requests=[requests[0]], cache_ids=cache_ids)
-            if kind is Collective.ALLGATHER:
-                batch.per_rank = [entry.by_rank[r].rows for r in range(self.size)]
-            elif kind is Collective.ALLTOALL:
-                batch.per_rank = [list(entry.by_rank[r].splits) for r in range(self.size)]
+            if spec.per_rank is not None:  # such kinds are not joinable: every rank sent a request
+                batch.per_rank = [spec.per_rank(entry.by_rank[r]) for r in range(self.size)]
             batches.append(batch)
         return batches
 
     def _check(self, name, entry, ranks, requests):
         absent = [r for r in range(self.size) if r not in entry.by_rank]
         kind = requests[0].kind
-        if absent and kind not in JOINABLE:
-            horovod = f" (Horovod: {_NOT_WITH_JOIN[kind]})" if kind in _NOT_WITH_JOIN else ""
-            return ("HvdplusError", f"{kind} '{name}' cannot run while ranks {absent} have joined{horovod}")
+        if absent:
+            spec = spec_of(kind)
+            if not spec.joinable:
+                # Horovod's words too, which programs written for Horovod may look for.
+                horovod = f" (Horovod: {spec.not_with_join})" if spec.not_with_join else ""
+                return ("HvdplusError", f"{kind} '{name}' cannot run while ranks {absent} have joined{horovod}")
         if not entry.needs_check:
             return None
         try:

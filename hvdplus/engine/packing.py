@@ -41,31 +41,19 @@ from ..comm.output_pool import ALIGNMENT
 from ..common.dtypes import accumulation_dtype, dtype_name
 from ..common.reduce_ops import ReduceOp
 from . import arguments
-from .protocol import Agreement, Collective, GroupLayout, Request
+from .kinds.allreduce import ALLREDUCE, Members, reduced_where_it_lies
+from .protocol import Agreement, GroupLayout, Request
 
-__all__ = ["Members", "grouped_request", "group_layout"]
+__all__ = ["grouped_request", "group_layout"]
 
 _FLOAT64 = np.dtype(np.float64)
 
 
-class Members:
-    """A group's payload when it is reduced member by member: each member's flat array, and
-    the flat array its result goes to."""
-
-    __slots__ = ("arrays", "outputs")
-
-    def __init__(self, arrays, outputs):
-        self.arrays = arrays
-        self.outputs = outputs  # the members themselves where reduced in place
-
-
 def group_layout(member_dtypes, reduce_as: str, prescale: float, in_shared_memory: bool) -> GroupLayout:
-    """The one rule for how a group is laid out, from values every rank agrees on and
-    whether the engine reduces in shared memory (all ranks on one node): there a group is
-    reduced from where its members lie if nothing is prescaled and every member is already
-    of the type it is reduced in (`reduce_as`). The layout is agreed with the rest, so the
-    executor and a joined rank read it from the request rather than deciding again."""
-    if in_shared_memory and prescale == 1.0 and all(name == reduce_as for name in member_dtypes):
+    """How a group is laid out, by the all-reduce's one rule (kinds.allreduce.reduced_where_it_lies).
+    The layout is agreed with the rest, so the executor and a joined rank read it from the
+    request rather than deciding again."""
+    if reduced_where_it_lies(member_dtypes, reduce_as, prescale, in_shared_memory):
         return GroupLayout.MEMBERS
     return GroupLayout.PACKED
 
@@ -111,7 +99,7 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
                       layout=group_layout(member_dtypes, reduce_as.name, prescale, in_shared_memory))
     if agree.layout is GroupLayout.MEMBERS:
         payload, finish = _member_wise(members, outputs, starts, packed_size, pool)
-        return Request(Collective.ALLREDUCE, group, agree), payload, finish
+        return Request(ALLREDUCE, group, agree), payload, finish
 
     def finish(reduced):
         return _unpack(reduced, members, outputs, starts)
@@ -120,7 +108,7 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
         # Nothing to pack: the engine reduces the member where it lies.
         output = outputs[0]
         payload = (members[0].reshape(-1), None if output is None else output.reshape(-1))
-        return Request(Collective.ALLREDUCE, group, agree), payload, finish
+        return Request(ALLREDUCE, group, agree), payload, finish
     scale = 1.0
     if _average_while_packing(agree, size):
         agree = dataclasses.replace(agree, averaged_while_packing=True)
@@ -134,7 +122,7 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
             packed[start:end] = data.reshape(-1)
         else:
             np.multiply(data.reshape(-1), scale, out=packed[start:end])
-    return Request(Collective.ALLREDUCE, group, agree), (packed, packed), finish
+    return Request(ALLREDUCE, group, agree), (packed, packed), finish
 
 
 def _member_wise(members, outputs, starts, packed_size, pool):
@@ -157,7 +145,7 @@ def _member_wise(members, outputs, starts, packed_size, pool):
 def _average_while_packing(agree, size: int) -> bool:
     """Whether a packed group's Average is applied while packing: over a power of two of
     ranks, for floating members packed without conversion. Agreed values only, so every
-    rank decides alike; the engine then sums (executor.fused_allreduce)."""
+    rank decides alike; the engine then sums (kinds.allreduce.run_fused)."""
     return (agree.reduce_op == ReduceOp.AVERAGE and size > 1 and size & (size - 1) == 0
             and np.dtype(agree.dtype).kind == "f"
             and all(name == agree.dtype for name in agree.member_dtypes))

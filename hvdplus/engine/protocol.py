@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ..common.reduce_ops import ReduceOp
 
-__all__ = ["Collective", "JOINABLE", "Token", "Outcome", "GroupLayout", "Agreement", "AGREEMENT_FIELDS",
+__all__ = ["Collective", "Token", "Outcome", "GroupLayout", "Agreement", "AGREEMENT_FIELDS",
            "NOTHING_TO_AGREE", "Request", "Batch"]
 
 
@@ -24,23 +24,51 @@ class _TextEnum(str, enum.Enum):
     __hash__ = str.__hash__
 
 
-class Collective(_TextEnum):
-    """What a request asks for, and the kind of the batch that runs it."""
+class Collective(str):
+    """What a request asks for, and the kind of the batch that runs it: a kind's name, one
+    object per name, so kinds compare with `is` and format as plain text.
 
-    ALLREDUCE = "allreduce"
-    ALLGATHER = "allgather"
-    BROADCAST = "broadcast"
-    ALLTOALL = "alltoall"
-    REDUCESCATTER = "reducescatter"
-    BARRIER = "barrier"
-    BROADCAST_OBJECT = "broadcast_object"
-    ALLGATHER_OBJECT = "allgather_object"
-    JOIN = "join"
+    A kind exists once it is declared (`Collective.declare`); its spec in `hvdplus.engine.kinds`
+    says everything else about it. The kinds that the engine's own code names are declared
+    here; a new kind declares itself in its spec module."""
+
+    __slots__ = ()
+    _declared: Dict[str, "Collective"] = {}
+
+    def __new__(cls, name: str) -> "Collective":
+        known = cls._declared.get(name)
+        if known is None:
+            raise ValueError(f"{name!r} is not a collective kind; the kinds are {sorted(cls._declared)}")
+        return known
+
+    @classmethod
+    def declare(cls, name: str) -> "Collective":
+        """The kind named `name`, declared once (again: the same object)."""
+        known = cls._declared.get(name)
+        if known is None:
+            known = cls._declared[name] = str.__new__(cls, name)
+        return known
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+    def __reduce__(self):
+        return Collective, (str(self),)
+
+    def __repr__(self) -> str:
+        return f"Collective({str(self)!r})"
 
 
-# Collectives that a rank which has joined takes part in, contributing zeros. Allgather,
-# alltoall and broadcast are not among them, as in Horovod: they fail on the ranks that call them.
-JOINABLE = frozenset({Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.BARRIER})
+Collective.ALLREDUCE = Collective.declare("allreduce")
+Collective.ALLGATHER = Collective.declare("allgather")
+Collective.BROADCAST = Collective.declare("broadcast")
+Collective.ALLTOALL = Collective.declare("alltoall")
+Collective.REDUCESCATTER = Collective.declare("reducescatter")
+Collective.BARRIER = Collective.declare("barrier")
+Collective.BROADCAST_OBJECT = Collective.declare("broadcast_object")
+Collective.ALLGATHER_OBJECT = Collective.declare("allgather_object")
+Collective.JOIN = Collective.declare("join")
 
 
 class Token(enum.Enum):

@@ -34,7 +34,8 @@ __all__ = [
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "grouped_reducescatter_async", "reduce", "reduce_async", "sparse_allreduce_async",
     "join", "barrier", "poll", "synchronize",
 ]
 
@@ -216,6 +217,26 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 # -- allgather ----------------------------------------------------------------------------
+def reduce_async(tensor, root_rank=0, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                 process_set=global_process_set):
+    """Start a reduction of `tensor` (Average by default) whose result only `root_rank` (a job
+    rank) gets; synchronize returns a new tensor there, and `tensor` itself elsewhere."""
+    failed = _checked("reduce", name, [tensor], process_set)
+    if failed:
+        return failed
+    array = numpy_view(tensor)
+    core = collectives.reduce_async(array, root_rank, reduce_op_from(None, op), prescale_factor, postscale_factor,
+                                    name, process_set)
+    return core.then(lambda result: tensor if result is array else to_tensor(result, tensor))
+
+
+def reduce(tensor, root_rank=0, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+           process_set=global_process_set):
+    """Reduce `tensor` over the ranks to `root_rank`, which gets a new tensor; the other
+    ranks get `tensor` back. Not differentiable."""
+    return reduce_async(tensor, root_rank, name, op, prescale_factor, postscale_factor, process_set).wait()
+
+
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start concatenating every rank's `tensor` along dimension 0 (which may differ)."""
     failed = _checked("allgather", name, [tensor], process_set)

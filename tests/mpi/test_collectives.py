@@ -156,6 +156,37 @@ def test_reducescatter_matches_numpy(dtype, first_dim, rank, size):
         assert_matches(result, expected[rows_for(rank, first_dim, size)], dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float16", ml_dtypes.bfloat16, "float32", "float64", "int32", "uint8"], ids=str)
+def test_reduce_to_every_root_matches_numpy(dtype, rank, size):
+    for root in range(size):
+        for op in valid_ops(dtype):
+            low, high = (0.5, 1.5) if op == hvd.Product and np.dtype(dtype).kind == "f" else (-3, 3)
+            inputs, expected = reference_reduction(dtype, (4, 3), 61 + root, op, size, pre=1.0, low=low, high=high)
+            mine = inputs[rank].copy()
+            result = hvd.reduce(mine, root_rank=root, op=op)
+            if rank == root:
+                assert_matches(result, expected, dtype)
+            else:  # the others get their own array back, untouched
+                assert result is mine
+                np.testing.assert_array_equal(mine, inputs[rank])
+    inputs, expected = reference_reduction("float32", (5,), 69, hvd.Average, size, pre=0.5, post=3.0)
+    handle = hvd.reduce_async(inputs[rank], root_rank=size - 1, op=hvd.Average, prescale_factor=0.5,
+                              postscale_factor=3.0)
+    if rank == size - 1:
+        assert_matches(hvd.synchronize(handle), expected, "float32")
+
+
+def test_reduce_with_mismatched_roots_or_a_bad_root_raises_on_every_rank(rank, size):
+    with pytest.raises(ValueError, match=rf"reduce 'bad_root': root_rank {size} is out of range"):
+        hvd.reduce(np.ones(2), root_rank=size if rank == 0 else 0, name="bad_root")
+    if size > 1:
+        with pytest.raises(hvd.TensorMismatchError, match=r"Mismatched root ranks for 'roots' \(reduce\)"):
+            hvd.reduce(np.ones(2), root_rank=rank % 2, name="roots")
+    with pytest.raises(ValueError, match="op Adasum combines whole tensors; only allreduce takes it"):
+        hvd.reduce(np.ones(2), op=hvd.Adasum, name="adasum_reduce")
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(2), op=hvd.Sum), np.full(2, size))
+
+
 def test_barrier_and_objects(rank, size):
     hvd.barrier()
     for root in range(size):

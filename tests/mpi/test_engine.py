@@ -250,6 +250,18 @@ def test_join_with_uneven_steps(rank, size):
     np.testing.assert_array_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="after_join"), np.full(2, size))
 
 
+def test_reduce_beside_a_joined_rank(rank, size):
+    # The joined last rank contributes zeros, also when it is the root.
+    if rank == size - 1:
+        hvd.join()
+        return
+    for root in range(size):
+        result = hvd.reduce(np.full(3, rank + 1.0), root_rank=root, op=hvd.Sum, name=f"reduce/joined{root}")
+        if rank == root:
+            np.testing.assert_array_equal(result, np.full(3, float(sum(range(1, size)))))
+    hvd.join()
+
+
 @pytest.mark.parametrize("count", [1, 40])  # one tensor alone, or many fused
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
 def test_allreduce_into_output_and_in_place(count, dtype, rank, size):

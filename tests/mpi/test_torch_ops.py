@@ -118,6 +118,20 @@ def test_alltoall_and_reducescatter(rank, size):
     assert mine.shape == (3 if rank == 0 else 2, 4) and torch.all(mine == size)
 
 
+def test_reduce_to_a_root(rank, size):
+    root = size - 1
+    mine = torch.arange(6, dtype=torch.float32).reshape(2, 3) * (rank + 1)
+    result = hvd.reduce(mine, root_rank=root, op=hvd.Sum)
+    if rank == root:
+        torch.testing.assert_close(result, torch.arange(6, dtype=torch.float32).reshape(2, 3) * sum(range(1, size + 1)))
+        assert result.data_ptr() != mine.data_ptr()
+    else:
+        assert result is mine
+    average = hvd.synchronize(hvd.reduce_async(torch.full((4,), float(rank), dtype=torch.float64), root_rank=0))
+    if rank == 0:
+        torch.testing.assert_close(average, torch.full((4,), (size - 1) / 2, dtype=torch.float64))
+
+
 def test_autograd_through_allreduce_allgather_broadcast(rank, size):
     x = torch.full((3,), float(rank + 1), requires_grad=True)
     weights = torch.arange(3, dtype=torch.float32) + rank
