@@ -28,11 +28,15 @@ import sys
 import time
 from typing import Callable, List, Optional, Sequence
 
-__all__ = ["Setting", "Autotuner", "FUSION_MIB", "CYCLE_MS"]
+from .fusion import fused_nbytes
+from .protocol import Batch, Collective, Outcome
+
+__all__ = ["Setting", "Autotuner", "TuningDriver", "FUSION_MIB", "CYCLE_MS"]
 
 MIB = 1024 * 1024
 FUSION_MIB = (1, 4, 16, 32, 64, 128)
 CYCLE_MS = (0.5, 1.0, 2.5, 5.0, 10.0)
+_ALLREDUCE = Collective.ALLREDUCE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,3 +144,44 @@ class Autotuner:
         if self._log is not None:
             self._log.write(line + "\n")
             self._log.flush()
+
+
+class TuningDriver:
+    """The autotuner in rank 0's engine cycle: it scores each cycle by the bytes its batches
+    all-reduced, and sends each move to every rank as a TUNE batch ahead of the next batches,
+    so all ranks apply it between the same two.
+
+    Args:
+        settings: the job's settings (the starting threshold and cycle time, the log).
+        algorithms: the engine's CollectiveAlgorithms; the algorithm is tuned across nodes
+            only, since on one node the engine reduces in shared memory whatever the setting.
+    """
+
+    def __init__(self, settings, algorithms):
+        choices = () if algorithms.single_node else ("hierarchical", "ring", "mpi")
+        start = Setting(settings.fusion_threshold_bytes, settings.cycle_time_ms,
+                        algorithms.choose(1 << 30) if choices else None)
+        self.tuner = Autotuner(start, choices, settings.autotune_warmup_samples, settings.autotune_steps_per_sample,
+                               log_path=settings.autotune_log)
+        self._move: Optional[Batch] = None
+
+    def take_move(self) -> Optional[Batch]:
+        """The TUNE batch to send before this cycle's batches, once."""
+        move, self._move = self._move, None
+        return move
+
+    def score(self, batches, coordinator) -> None:
+        """Record the cycle that ran `batches`; the coordinator fuses by the next setting's
+        threshold from now on."""
+        nbytes = sum(fused_nbytes(request) for batch in batches
+                     if batch.kind is _ALLREDUCE and batch.error is None and batch.requests
+                     for request in batch.requests)
+        setting = self.tuner.record(nbytes)
+        if setting is not None:
+            coordinator.fusion_threshold = setting.fusion_bytes
+            self._move = Batch(Outcome.TUNE, value=dataclasses.astuple(setting))
+
+    @property
+    def chosen(self) -> Optional[Setting]:
+        """The setting the tuner chose, once it has; else None."""
+        return self.tuner.best if self.tuner.done else None

@@ -10,12 +10,15 @@ from typing import Iterator, List, Optional, Tuple
 
 from mpi4py import MPI
 
+from .protocol import Token
+
 __all__ = ["ControlChannel"]
 
 _REQUEST_TAG = 101
 _RESPONSE_TAG = 102
 # Longest rank 0 waits for its responses to reach the workers (see send_batches).
 _DELIVERY_WAIT_S = 0.5
+_SHUTDOWN = Token.SHUTDOWN
 
 
 class ControlChannel:
@@ -65,6 +68,21 @@ class ControlChannel:
     def finish_sends(self, seconds: float) -> None:
         """Wait up to `seconds` for the sends still in flight."""
         self._sends = unfinished(self._sends, seconds, lambda: time.sleep(0.0005))
+
+    def finish_shutdown(self, coordinator, sent: bool, seconds: float) -> None:
+        """The shutdown handshake: every rank sends SHUTDOWN exactly once (`sent`: this one
+        has) and rank 0 (whose `coordinator` is given) waits up to `seconds` for all of them,
+        so no message is left unmatched when the communicator is freed."""
+        if coordinator is None:
+            if not sent:
+                self.send_requests([_SHUTDOWN])
+        else:
+            deadline = time.monotonic() + seconds
+            while len(coordinator.shutdown_ranks | {0}) < self.size and time.monotonic() < deadline:
+                for source, items in self.arrived_requests():
+                    coordinator.add(source, items)
+                time.sleep(0.001)
+        self.finish_sends(seconds)
 
     def free(self) -> None:
         self.comm.Free()

@@ -13,7 +13,6 @@ the engine itself for a while (see `wait_for`).
 """
 
 import contextlib
-import dataclasses
 import os
 import sys
 import threading
@@ -25,10 +24,11 @@ from mpi4py import MPI
 
 from ..comm.failures import failed_ranks, is_process_failure
 from ..common.errors import HvdplusError, RanksFailedError, ShutdownError, StalledError, error_from_wire
-from .autotune import Autotuner, Setting
+from .autotune import Setting, TuningDriver
+from .completion import Completions, for_name
 from .control_channel import ControlChannel
 from .executor import JOINED, execute_batch
-from .fusion import FusionBuffer, fused_nbytes
+from .fusion import FusionBuffer
 from .handles import Handle
 from .negotiation import Coordinator
 from .progress_policy import HOUSEKEEPING_S, ProgressPolicy
@@ -36,7 +36,7 @@ from .protocol import Batch, Collective, Outcome, Request, Token
 from .response_cache import ResponseCache
 from .stall_inspector import StallInspector
 from .tensor_queue import Entry, TensorQueue
-from .timeline import Timeline, now_us
+from .timeline import Timeline, record_negotiation
 
 __all__ = ["Entry", "Engine"]
 
@@ -73,8 +73,8 @@ class Engine:
         self._fusion_buffer = FusionBuffer()
         self._lock = threading.Lock()  # guards the queue and what decides whether the thread sleeps
         self._wake = threading.Event()
-        self._completed = threading.Condition()
         self._queue = TensorQueue(self.rank)
+        self._completions = Completions(self._queue, self._lock)
         self._cache = ResponseCache()
         self._policy = ProgressPolicy(settings.cycle_time_ms, overlap)
         self._stop_requested = False
@@ -85,10 +85,8 @@ class Engine:
         self._sleeping_idle = False
         self._progress = threading.Lock()
         self._shutdown_sent = False
-        self._failure: Optional[BaseException] = None
         self._peers_lost = False
-        self._tuner = self._make_tuner(settings) if self.rank == 0 and settings.autotune else None
-        self._tune_batch: Optional[Batch] = None
+        self._tuning = TuningDriver(settings, algorithms) if self.rank == 0 and settings.autotune else None
         self._thread = threading.Thread(target=self._run, name="hvdplus-engine", daemon=True)
         self._thread.start()
 
@@ -104,8 +102,8 @@ class Engine:
         its idle sleep is short enough to pick the operation up anyway (see _idle)."""
         handle = Handle(request.name, self, finish)
         with self._lock:
-            if self._failure is not None:
-                raise _for_name(self._failure, request.name)
+            if self._completions.failure is not None:
+                raise for_name(self._completions.failure, request.name)
             self._queue.add(Entry(request, payload, handle))
             if self._sleeping_idle and self._policy.wakes_on_submit():
                 self._sleeping_idle = False
@@ -155,7 +153,7 @@ class Engine:
         self._wake.set()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=_SHUTDOWN_WAIT_S)
-        self._fail_everything(RanksFailedError("hvdplus re-formed the job before this operation completed"))
+        self._completions.fail_everything(RanksFailedError("hvdplus re-formed the job before this operation completed"))
         self.stop_timeline()
 
     # -- engine thread ----------------------------------------------------------------
@@ -173,7 +171,7 @@ class Engine:
                 if not self._finished:
                     self._idle()
             if not self._peers_lost:
-                self._finish_shutdown()
+                self.control.finish_shutdown(self.coordinator, self._shutdown_sent, _SHUTDOWN_WAIT_S)
 
     @contextlib.contextmanager
     def _failing_aborts_the_job(self):
@@ -184,7 +182,7 @@ class Engine:
                 self._lose_peers()
                 return
             traceback.print_exc()
-            self._fail_everything(HvdplusError(f"hvdplus engine failed on rank {self.rank}: {exc!r}"))
+            self._completions.fail_everything(HvdplusError(f"hvdplus engine failed on rank {self.rank}: {exc!r}"))
             sys.stderr.write(f"hvdplus: engine failure on rank {self.rank}; aborting the job\n")
             sys.stderr.flush()
             MPI.COMM_WORLD.Abort(1)
@@ -198,9 +196,7 @@ class Engine:
         and only then sleeps until the engine thread is done."""
         with self._waiting():
             self._drive_until(handle, _CALLER_SPIN_S)
-            with self._completed:
-                while not handle.done():
-                    self._completed.wait(timeout=1.0)
+            self._completions.wait_until_done(handle)
 
     def poll(self, handle: Handle) -> bool:
         """Whether `handle` is done, after one engine step taken as a waiting caller (so
@@ -259,14 +255,13 @@ class Engine:
             batches += self._stalls.batches(self.coordinator)
             if self.coordinator.shutdown_ranks:
                 batches.append(Batch(Outcome.SHUTDOWN, value=min(self.coordinator.shutdown_ranks)))
-            if self._tune_batch is not None:
-                batches.insert(0, self._tune_batch)
-                self._tune_batch = None
+            if self._tuning is not None and (move := self._tuning.take_move()) is not None:
+                batches.insert(0, move)
             if batches and self.size > 1:
                 self.control.send_batches([batch.known_ids or batch for batch in batches])
             self._finished |= self._execute(batches)
-            if self._tuner is not None:
-                self._tune(batches)
+            if self._tuning is not None:
+                self._tuning.score(batches, self.coordinator)
         else:
             if outgoing:
                 self.control.send_requests(outgoing)
@@ -316,7 +311,7 @@ class Engine:
         """Run `batches` in order; True if one of them shuts the engine down."""
         for batch in batches:
             finished = self._run_batch(batch)
-            self._notify_waiters()
+            self._completions.notify()
             if finished:
                 return True
         return False
@@ -329,7 +324,7 @@ class Engine:
         if batch.error is not None:
             for entry in entries:
                 if entry is not None:
-                    self._complete(entry.name, error=error_from_wire(batch.error))
+                    self._completions.complete(entry.name, error=error_from_wire(batch.error))
             return False
         for name, cache_id in (batch.cache_ids or {}).items():
             entry = self._queue.get(name)
@@ -337,25 +332,25 @@ class Engine:
                 self._cache.remember(name, entry.request, cache_id)
         payloads = [entry.payload if entry is not None else JOINED for entry in entries]
         if self.timeline is not None:
-            self._record_negotiation(batch, entries)
+            record_negotiation(self.timeline, batch, entries)
         results = execute_batch(self.data_comm, self.algorithms, batch, payloads, self._fusion_buffer, self.timeline)
         for entry, result in zip(entries, results):
             if entry is not None:
-                self._complete(entry.name, result)
+                self._completions.complete(entry.name, result)
         return False
 
     def _run_outcome(self, batch: Batch) -> bool:
         if batch.kind is Outcome.SHUTDOWN:
-            self._fail_everything(ShutdownError(
+            self._completions.fail_everything(ShutdownError(
                 f"hvdplus was shut down (first by rank {batch.value}) before this operation "
                 "completed on every rank"
             ))
             return True
         if batch.kind is Outcome.STALLED:
-            self._fail_everything(StalledError(batch.value))
+            self._completions.fail_everything(StalledError(batch.value))
             return True
         if batch.kind is Outcome.JOIN_DONE:
-            self._complete("__join__", batch.value)
+            self._completions.complete("__join__", batch.value)
             return False
         if batch.kind is Outcome.TUNE:
             self.retune(Setting(*batch.value))
@@ -375,56 +370,7 @@ class Engine:
 
     def tuned_setting(self) -> Optional[Setting]:
         """On rank 0 of an autotuned job, the setting the tuner chose, once it has; else None."""
-        return self._tuner.best if self._tuner is not None and self._tuner.done else None
-
-    def _make_tuner(self, settings) -> Autotuner:
-        # The algorithm is tuned across nodes only: on one node the engine reduces in
-        # shared memory whatever the setting (see CollectiveAlgorithms.engine_algorithm).
-        algorithms = () if self.algorithms.single_node else ("hierarchical", "ring", "mpi")
-        start = Setting(settings.fusion_threshold_bytes, settings.cycle_time_ms,
-                        self.algorithms.choose(1 << 30) if algorithms else None)
-        return Autotuner(start, algorithms, settings.autotune_warmup_samples, settings.autotune_steps_per_sample,
-                         log_path=settings.autotune_log)
-
-    def _tune(self, batches) -> None:
-        """Score the cycle that ran `batches`; move every rank to the tuner's next setting
-        (sent ahead of the next batches, so all ranks apply it between the same two)."""
-        nbytes = sum(fused_nbytes(request) for batch in batches
-                     if batch.kind is Collective.ALLREDUCE and batch.error is None and batch.requests
-                     for request in batch.requests)
-        setting = self._tuner.record(nbytes)
-        if setting is not None:
-            self.coordinator.fusion_threshold = setting.fusion_bytes  # batches it fuses from now on
-            self._tune_batch = Batch(Outcome.TUNE, value=dataclasses.astuple(setting))
-
-    def _record_negotiation(self, batch, entries) -> None:
-        start = now_us()
-        for entry in entries:
-            if entry is not None:
-                self.timeline.span(entry.name, "NEGOTIATE_" + batch.kind.value.upper(), entry.submitted_us, start)
-
-    def _complete(self, name, result=None, error=None) -> None:
-        with self._lock:
-            entry = self._queue.pop(name)
-        if entry is None:
-            return
-        if error is not None:
-            entry.handle.set_error(error)
-        else:
-            entry.handle.set_result(result)
-
-    def _notify_waiters(self) -> None:
-        with self._completed:
-            self._completed.notify_all()
-
-    def _fail_everything(self, error: BaseException) -> None:
-        with self._lock:
-            if self._failure is None:
-                self._failure = error
-            entries = self._queue.take_all()
-        for entry in entries:
-            entry.handle.set_error(_for_name(error, entry.name))
-        self._notify_waiters()
+        return self._tuning.chosen if self._tuning is not None else None
 
     def _lose_peers(self) -> None:
         """A peer died (or another rank saw one die and revoked the communicators): revoke
@@ -434,26 +380,4 @@ class Engine:
             self._revoke_all()
         self._peers_lost = True
         self._finished = True
-        self._fail_everything(RanksFailedError.seen_on(self.rank, self.size, failed))
-
-    # -- shutdown -------------------------------------------------------------------
-    def _finish_shutdown(self) -> None:
-        """Every rank sends SHUTDOWN exactly once and rank 0 waits for all of them, so no
-        message is left unmatched when the communicators are freed."""
-        if self.coordinator is None:
-            if not self._shutdown_sent:
-                self._shutdown_sent = True
-                self.control.send_requests([Token.SHUTDOWN])
-        else:
-            deadline = time.monotonic() + _SHUTDOWN_WAIT_S
-            while len(self.coordinator.shutdown_ranks | {0}) < self.size and time.monotonic() < deadline:
-                self._receive_requests()
-                time.sleep(0.001)
-        self.control.finish_sends(_SHUTDOWN_WAIT_S)
-
-
-def _for_name(error: BaseException, name: str) -> BaseException:
-    """`error` again, with the name of the operation it ended in front of its message."""
-    if isinstance(error, RanksFailedError):
-        return RanksFailedError(f"'{name}': {error}", error.ranks)
-    return type(error)(f"'{name}': {error}")
+        self._completions.fail_everything(RanksFailedError.seen_on(self.rank, self.size, failed))

@@ -11,7 +11,7 @@ import json
 import threading
 import time
 
-__all__ = ["Timeline", "now_us"]
+__all__ = ["Timeline", "now_us", "record_negotiation"]
 
 
 def now_us() -> float:
@@ -55,3 +55,11 @@ class Timeline:
             end = {"name": "timeline_end", "ph": "i", "pid": 0, "ts": now_us(), "s": "g"}
             self._file.write(json.dumps(end) + "\n]\n")
             self._file.close()
+
+
+def record_negotiation(timeline, batch, entries) -> None:
+    """Each entry's span from its submission until `batch` (which runs it) was agreed."""
+    start = now_us()
+    for entry in entries:
+        if entry is not None:
+            timeline.span(entry.name, "NEGOTIATE_" + batch.kind.upper(), entry.submitted_us, start)
