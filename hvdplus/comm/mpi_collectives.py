@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 from ..common.dtypes import accumulation_dtype
 from ..common.reduce_ops import ReduceOp
+from ..common.scaling import scale_factor
 from .reduction import apply_scale
 
 __all__ = ["MPI_OPS", "prepare_reduction", "finish_reduction", "allgather", "broadcast", "alltoall", "reducescatter",
@@ -50,7 +51,7 @@ def prepare_reduction(array, prescale_factor):
 
 def finish_reduction(work, op, postscale_factor, size):
     """Apply Average's division and the postscale factor, in place."""
-    factor = postscale_factor / size if op == ReduceOp.AVERAGE else postscale_factor
+    factor = scale_factor(op, 1.0, postscale_factor, size)
     if factor != 1.0:
         apply_scale(work, factor)
 

@@ -40,6 +40,7 @@ from ..comm.memory import same_memory
 from ..comm.output_pool import ALIGNMENT
 from ..common.dtypes import accumulation_dtype, dtype_name
 from ..common.reduce_ops import ReduceOp
+from ..common.scaling import scale_factor
 from . import arguments
 from .kinds.allreduce import ALLREDUCE, Members, reduced_where_it_lies
 from .protocol import Agreement, GroupLayout, Request
@@ -112,7 +113,7 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
     scale = 1.0
     if _average_while_packing(agree, size):
         agree = dataclasses.replace(agree, averaged_while_packing=True)
-        scale = 1.0 / size
+        scale = scale_factor(agree.reduce_op, 1.0, 1.0, size)
     packed = pool.empty((packed_size,), reduce_as)
     end = 0
     for data, start, count in zip(members, starts, counts):

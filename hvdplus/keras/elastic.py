@@ -21,7 +21,7 @@ import keras
 import numpy as np
 
 from ..elastic import HostsUpdatedInterrupt, ObjectHandler, ObjectState, RanksFailedError, State, fit_callbacks, run
-from .callbacks import broadcast_variables
+from .functions import broadcast_variables
 
 __all__ = ["KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run",
            "ObjectState", "State", "HostsUpdatedInterrupt", "RanksFailedError"]

@@ -69,11 +69,11 @@ class _DistributedOptimizer:
         """The reduction for the size of the job or process set (gradient_predivide_factor
         divides by it)."""
         op, gradient_predivide_factor, backward_passes_per_step, average_aggregated_gradients = self._hvdplus_options
-        reduction = gradient_reduction(op, gradient_predivide_factor, self._hvdplus_size())
-        if backward_passes_per_step > 1 and not average_aggregated_gradients:
-            # Keras' own accumulation averages the passes; Horovod's default sums them.
-            reduction = reduction._replace(postscale=reduction.postscale * backward_passes_per_step)
-        self._hvdplus_reduction = reduction
+        # Keras' own accumulation averages the passes; Horovod's default sums them.
+        summed = backward_passes_per_step > 1 and not average_aggregated_gradients
+        summed_passes = backward_passes_per_step if summed else 1
+        self._hvdplus_reduction = gradient_reduction(op, gradient_predivide_factor, self._hvdplus_size(),
+                                                     summed_passes)
 
     def apply(self, grads, trainable_variables=None):
         variables = trainable_variables if trainable_variables is not None else self._trainable_variables

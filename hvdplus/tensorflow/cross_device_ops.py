@@ -40,6 +40,7 @@ from tensorflow.python.distribute import cross_device_ops as tf_cross_device_ops
 from tensorflow.python.distribute import cross_device_utils
 
 from ..common.reduce_ops import Average, as_reduce_op
+from ..common.sparse import densified
 from ..core import runtime
 from .compression import Compression
 from .mpi_ops import broadcast, grouped_allreduce
@@ -77,8 +78,7 @@ class CrossDeviceOps(tf.distribute.CrossDeviceOps):
         """All values in one host op, so that the engine fuses them."""
         local = [self._reduce_locally(reduce_op, value, destinations)
                  for value, destinations in value_destination_pairs]
-        if self._sparse_as_dense:
-            local = [tf.convert_to_tensor(value) if isinstance(value, tf.IndexedSlices) else value for value in local]
+        local = densified(local, self._sparse_as_dense, tf.IndexedSlices, tf.convert_to_tensor)
         op = Average if reduce_op == tf.distribute.ReduceOp.MEAN else self._op
         # Eagerly one name for every call, which the engine's response cache then knows.
         name = "CrossDeviceOps.batch_reduce" if tf.executing_eagerly() else None

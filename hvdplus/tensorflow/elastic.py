@@ -16,11 +16,9 @@ Variables roll back as numpy copies and sync by broadcasting the values of the r
 the newest commit. TensorFlowKerasState is the KerasState of the Keras that tf.keras is:
 `hvdplus.keras.elastic.KerasState` for Keras 3 (TensorFlow 2.16+), or
 `hvdplus.tensorflow.keras2.elastic.KerasState` for tf_keras under `TF_USE_LEGACY_KERAS=1`.
-It is looked up through `hvdplus.tensorflow.keras` when a script asks for it, so that
+It is taken from `hvdplus.tensorflow.keras` when a script asks for it, so that
 `import hvdplus.tensorflow` loads no Keras (hvdplus.keras sits above this package).
 """
-
-import importlib
 
 import tensorflow as tf
 
@@ -79,5 +77,7 @@ class TensorFlowState(State):
 
 def __getattr__(name):
     if name == "TensorFlowKerasState":
-        return importlib.import_module("hvdplus.tensorflow.keras").elastic.KerasState
+        from . import keras
+
+        return keras.elastic.KerasState
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,7 +5,8 @@ import tensorflow as tf
 
 from ..core import collectives
 from ..core.process_sets import global_process_set
-from .buffers import collective_name, run_on_host
+from .buffers import run_on_host
+from .collective_names import collective_name
 
 __all__ = ["broadcast_variables", "broadcast_", "broadcast_global_variables", "BroadcastGlobalVariablesHook",
            "broadcast_object", "allgather_object"]

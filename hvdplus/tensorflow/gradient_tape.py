@@ -22,6 +22,7 @@ import tensorflow as tf
 from ..common.local_layers import local_layer_variables
 from ..common.reduce_ops import Average, Sum, as_reduce_op
 from ..common.scaling import gradient_reduction
+from ..common.sparse import densified
 from ..core.process_sets import ProcessSet, global_process_set, size_in
 from .compression import Compression
 from .mpi_ops import grouped_allreduce
@@ -79,8 +80,7 @@ class _DistributedGradientTape:
         if not present:
             return tf.nest.pack_sequence_as(gradients, flat)
         grads = [flat[index] for index in present]
-        if self._sparse_as_dense:
-            grads = [tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad for grad in grads]
+        grads = densified(grads, self._sparse_as_dense, tf.IndexedSlices, tf.convert_to_tensor)
         op, prescale, postscale = self._reduction
         name = "DistributedGradientTape" if tf.executing_eagerly() else None
         reduced = grouped_allreduce(grads, compression=self._compression, op=op, prescale_factor=prescale,

@@ -28,9 +28,11 @@ import numpy as np
 import tensorflow as tf
 
 from ..common.reduce_ops import Adasum, Average, Sum, as_reduce_op, reduce_op_from
+from ..common.sparse import GATHERED_OPS, divides_gathered
 from ..core import collectives, runtime
 from ..core.process_sets import global_process_set, rank_in, require_member, size_in
-from .buffers import as_tensor, collective_name, run_on_host, what
+from .buffers import as_tensor, run_on_host
+from .collective_names import collective_name, what
 from .compression import Compression
 
 __all__ = [
@@ -134,7 +136,7 @@ def _check_slices(name, op, prescale, postscale):
         raise NotImplementedError(
             f"{what('allreduce', name)}: the Adasum reduction does not currently support sparse tensors. "
             "As a workaround please pass sparse_as_dense=True to DistributedOptimizer")
-    if op not in (Average, Sum):
+    if op not in GATHERED_OPS:
         raise NotImplementedError(f"{what('allreduce', name)}: tf.IndexedSlices are gathered, which only ops Sum "
                                   f"and Average can stand for, not {op.label}; convert them to a dense tensor first")
     if prescale != 1.0 or postscale != 1.0:
@@ -163,7 +165,7 @@ def _reduce_group(dense, slices, name, op, prescale, postscale, process_set):
     gathered = []
     for index, piece in enumerate(slices):
         values, indices = outputs[count + 2 * index:count + 2 * index + 2]
-        if op == Average:
+        if divides_gathered(op):
             # As Horovod divides: in the values' dtype, so integers become TensorFlow's
             # quotient of integers (float64 for int32 and int64), whatever the size.
             values = values / tf.cast(_set_size(process_set), values.dtype)

@@ -3,13 +3,12 @@ tf.keras optimizer is a Keras 3 optimizer, which hvdplus.keras wraps (its gradie
 all-reduced in `apply`, inside the training step's tf.function).
 
 `hvdplus.keras` sits above this package (it serves TensorFlow as one of Keras' backends), so
-it is looked up by name when an optimizer is wrapped, and `import hvdplus.tensorflow` loads
-no Keras."""
-
-import importlib
+the Horovod-compat layer above both (hvdplus.horovod_keras) hands the optimizer to it, and
+`import hvdplus.tensorflow` loads no Keras."""
 
 from ..common.reduce_ops import Average
 from ..core.process_sets import global_process_set
+from ..horovod_keras import wrap_keras_optimizer
 from .compression import Compression
 
 __all__ = ["DistributedOptimizer"]
@@ -27,14 +26,13 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     """
     import keras
 
-    keras_distributed_optimizer = importlib.import_module("hvdplus.keras.optimizer").DistributedOptimizer
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             f"hvdplus.tensorflow.DistributedOptimizer wraps Keras optimizers (tf.keras.optimizers.*), "
             f"not {type(optimizer).__name__}; in a custom training loop, wrap the tape in "
             "hvd.DistributedGradientTape instead"
         )
-    return keras_distributed_optimizer(
+    return wrap_keras_optimizer(
         optimizer, compression=compression, op=op, backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients,
         gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,

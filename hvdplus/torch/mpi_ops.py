@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
+from ..common.sparse import GATHERED_OPS, divides_gathered
 from ..core import collectives, runtime
 from ..engine.handles import Handle, HandleGroup
 from ..core.process_sets import ProcessSet, global_process_set, name_in, rank_in, size_in
@@ -466,14 +467,14 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     when the result is coalesced. Returns a callable that waits and gives the sparse
     result; `synchronize` accepts it too."""
     op = reduce_op_from(None, op)
-    if op not in (Average, Sum):
+    if op not in GATHERED_OPS:
         raise ValueError(f"sparse_allreduce_async '{name}': op must be Average or Sum, not {ReduceOp(op).label}")
     indices = allgather_async(tensor._indices().t().contiguous(), f"{name}.indices", process_set)
     values = allgather_async(tensor._values().contiguous(), f"{name}.values", process_set)
 
     def result():
         gathered_values = values.wait()
-        if op == Average:
+        if divides_gathered(op):
             gathered_values = gathered_values / size_in(process_set, "sparse_allreduce_async()")
         return torch.sparse_coo_tensor(indices.wait().t(), gathered_values, tensor.shape, check_invariants=True)
 

@@ -25,6 +25,7 @@ import torch
 from ..common.errors import HvdplusError
 from ..common.reduce_ops import Average
 from ..common.scaling import gradient_reduction
+from ..common.sparse import gathered
 from ..core import runtime
 from ..core.process_sets import global_process_set, overlaps_in, size_in
 from .compression import Compression
@@ -130,12 +131,14 @@ class _DistributedOptimizer:
             self._group_ready[id(group)] = ready
 
     def _sparse_kept(self, param):
-        return param.grad is not None and param.grad.is_sparse and not self._sparse_as_dense
+        return param.grad is not None and gathered(param.grad.is_sparse, self._sparse_as_dense)
 
     def _dense_gradient(self, param):
+        """The gradient to all-reduce of a parameter whose gradient is not gathered
+        (_sparse_kept), so a sparse one here is made dense (sparse_as_dense)."""
         if param.grad is None:
             param.grad = torch.zeros_like(param)
-        elif param.grad.is_sparse and self._sparse_as_dense:
+        elif param.grad.is_sparse:
             param.grad = param.grad.to_dense()
         return param.grad
 

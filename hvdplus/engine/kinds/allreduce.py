@@ -15,6 +15,7 @@ import numpy as np
 
 from ...common.dtypes import accumulation_dtype, dtype_name
 from ...common.reduce_ops import ReduceOp
+from ...common.scaling import scale_factor
 from ..protocol import Collective, GroupLayout
 from ..timeline import now_us
 from .reductions import reduction_plan
@@ -130,7 +131,7 @@ def _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline):
             sources.append(data.reshape(-1))
             targets.append(output.reshape(-1))
             results.append(output)
-    scale = postscale / algorithms.size if op == ReduceOp.AVERAGE else postscale
+    scale = scale_factor(op, 1.0, postscale, algorithms.size)
     algorithms.allreduce_arrays(sources, op, scale, targets)
     if timeline is not None:
         done = now_us()
