@@ -8,6 +8,7 @@
 
 from ..core.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
 from ..core.basics import __all__ as _BASICS
+from ..core.join import Join
 from . import elastic
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
@@ -19,6 +20,6 @@ from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     *_BASICS, *_MPI_OPS,
-    "elastic", "Compression", "allgather_object", "broadcast_object", "broadcast_optimizer_state",
+    "elastic", "Join", "Compression", "allgather_object", "broadcast_object", "broadcast_optimizer_state",
     "broadcast_parameters", "DistributedOptimizer", "recv", "recv_async", "send", "send_async", "SyncBatchNorm",
 ]

@@ -27,8 +27,10 @@ from ..common.reduce_ops import Average
 from ..common.scaling import gradient_reduction
 from ..common.sparse import gathered
 from ..core import runtime
+from ..core.join import JoinHook
 from ..core.process_sets import global_process_set, overlaps_in, size_in
 from .compression import Compression
+from .functions import broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
 
 __all__ = ["DistributedOptimizer"]
@@ -220,6 +222,11 @@ class _DistributedOptimizer:
         return finish
 
     # -- the user-facing protocol -----------------------------------------------------
+    def join_hook(self) -> JoinHook:
+        """This optimizer as a Joinable (hvdplus.core.join): once every rank has joined, each
+        takes the last joiner's parameters and optimizer state, which took the most steps."""
+        return _TakeTheLastJoinersState(self)
+
     def synchronize(self):
         """Wait for every gradient's all-reduce (submitting those whose hooks did not fire,
         e.g. parameters unused this step, so that every rank submits the same names)."""
@@ -283,6 +290,17 @@ def _is_global(process_set) -> bool:
 def _averages_here(process_set) -> bool:
     """Whether this rank is in the set whose ranks average the gradients."""
     return _is_global(process_set) or process_set.process_set_id is None or process_set.included()
+
+
+class _TakeTheLastJoinersState(JoinHook):
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+
+    def post_hook(self, last_rank: int) -> None:
+        optimizer = self._optimizer
+        broadcast_parameters([(f"join.{optimizer._names[p]}", p) for p in optimizer._params], last_rank,
+                             process_set=optimizer._process_set)
+        broadcast_optimizer_state(optimizer, last_rank, process_set=optimizer._process_set)
 
 
 def _parameter_names(params, named_parameters):

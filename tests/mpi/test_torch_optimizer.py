@@ -239,3 +239,47 @@ def test_broadcast_parameters_and_optimizer_state(rank, size):
     for index, state in optimizer.state_dict()["state"].items():
         assert torch.equal(state["momentum_buffer"], root_optimizer["state"][index]["momentum_buffer"])
     hvd.broadcast_parameters(list(model.named_parameters()), root_rank=size - 1)
+
+
+@pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
+def test_join_with_uneven_data_leaves_every_rank_with_the_last_joiners_state(optimizer_name, rank, size):
+    # Rank r has STEPS - r batches (at least one): joined ranks contribute zeros, Average
+    # still divides by size, and Join's hook hands everyone the last joiner's state.
+    steps_of = [max(STEPS - r, 1) for r in range(size)]
+    batches = global_batches(size)
+    reference = make_model()
+    reference_optimizer = OPTIMIZERS[optimizer_name](reference.parameters())
+    for step, (x, y) in enumerate(batches):
+        active = [r for r in range(size) if step < steps_of[r]]
+        if not active:
+            break
+        reference_optimizer.zero_grad()
+        (sum(loss_fn(reference, rows(r, x), rows(r, y)) for r in active) / size).backward()
+        reference_optimizer.step()
+
+    model = make_model(seed=rank)  # the broadcast below and Join put every rank right
+    optimizer = hvd.DistributedOptimizer(OPTIMIZERS[optimizer_name](model.parameters()),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    with hvd.Join([optimizer]) as join:
+        for x, y in batches[:steps_of[rank]]:
+            optimizer.zero_grad()
+            loss_fn(model, rows(rank, x), rows(rank, y)).backward()
+            optimizer.step()
+    assert steps_of[join.last_rank] == max(steps_of)
+    assert_same_parameters(model, reference)
+    mine = optimizer.state_dict()["state"]
+    for index, state in reference_optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            torch.testing.assert_close(torch.as_tensor(mine[index][key]), torch.as_tensor(value), rtol=1e-5,
+                                       atol=1e-5, msg=f"{key} of parameter {index}")
+
+
+def test_join_refuses_what_is_not_joinable_and_joins_when_the_block_raises(rank, size):
+    with pytest.raises(TypeError, match="Join: int has no join_hook"):
+        hvd.Join([3])
+    with pytest.raises(RuntimeError, match="out of data early"):
+        with hvd.Join():
+            raise RuntimeError("out of data early")
+    # Every rank joined as the block ended: the job goes on.
+    torch.testing.assert_close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(size)))
