@@ -18,20 +18,16 @@ from .functions import (
 )
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .graph_queries import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
-from .mpi_ops import (
-    allgather, allreduce, alltoall, barrier, broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter,
-    join, reducescatter,
-)
+from .mpi_ops import *  # noqa: F401,F403 (the collectives, as mpi_ops.__all__ lists them)
+from .mpi_ops import __all__ as _MPI_OPS
 from .optimizer import DistributedOptimizer
 from .p2p import recv, send
 from .sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
-    *_BASICS,
+    *_BASICS, *_MPI_OPS,
     "elastic", "Compression", "CrossDeviceOps", "BroadcastGlobalVariablesHook", "allgather_object", "broadcast_",
     "broadcast_global_variables", "broadcast_object", "broadcast_variables", "DistributedGradientTape",
     "PartialDistributedGradientTape", "local_rank_op", "local_size_op", "process_set_included_op", "rank_op",
-    "size_op", "allgather", "allreduce", "alltoall", "barrier", "broadcast", "grouped_allgather",
-    "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter", "DistributedOptimizer", "recv", "send",
-    "SyncBatchNormalization"
+    "size_op", "DistributedOptimizer", "recv", "send", "SyncBatchNormalization",
 ]

@@ -37,7 +37,7 @@ from .compression import Compression
 
 __all__ = [
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
-    "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
+    "alltoall", "reducescatter", "grouped_reducescatter", "reduce", "join", "barrier",
 ]
 
 
@@ -372,6 +372,24 @@ def grouped_reducescatter(tensors, compression=Compression.none, op=Average, nam
     base = collective_name("grouped_reducescatter", name, process_set)
     return [reducescatter(tensor, compression, op, f"{base}.{index}", prescale_factor, postscale_factor, process_set)
             for index, tensor in enumerate(tensors)]
+
+
+# -- reduce -------------------------------------------------------------------------------------
+def reduce(tensor, root_rank=0, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+           process_set=global_process_set):
+    """`tensor` reduced over the ranks of `process_set` on `root_rank` (a job rank in the set);
+    every other rank gets its own `tensor` back. Not differentiable."""
+    name = collective_name("reduce", name, process_set)
+    try:
+        op = as_reduce_op(op)
+        tensor = as_tensor(tensor, what("reduce", name))
+    except (TypeError, ValueError) as error:
+        return _fail_everywhere(error, [("reduce", name)], process_set)
+
+    def reduce_to_root(array):
+        return [collectives.reduce(array, root_rank, op, prescale_factor, postscale_factor, name, process_set)]
+
+    return run_on_host(reduce_to_root, [tensor], [tensor.dtype], [tensor.shape])[0]
 
 
 # -- join and barrier ------------------------------------------------------------------------

@@ -149,6 +149,20 @@ def test_reducescatter(dtype, mode, rank, size):
     assert_close(result, block, dtype)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [tf.float16, tf.float32, tf.int32], ids=lambda d: d.name)
+def test_reduce_to_a_root(dtype, mode, rank, size):
+    op = default_op(dtype)
+    root = size - 1
+    mine = rank_tensor(dtype, (4, 3), rank, 8)
+    result = run(mode, lambda x: hvd.reduce(x, root_rank=root, op=op), mine)
+    if rank == root:
+        assert_close(result, REFERENCE[op](everyone(dtype, (4, 3), size, 8)), dtype)
+    else:  # the others get their own tensor back
+        assert_close(result, rank_array(dtype, (4, 3), rank, 8).astype(np.float64 if dtype.is_floating else None),
+                     dtype)
+
+
 # -- gradients ------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op", [hvd.Average, hvd.Sum], ids=lambda op: op.label)
