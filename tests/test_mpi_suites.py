@@ -36,6 +36,15 @@ def test_every_suite_on_one_rank(mpi_job):
     mpi_job.run_pytest_on_ranks(1, MPI_SUITES)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_framework_free_suites_on_four_ranks(mpi_job):
+    # A power of two beside the odd three (Adasum runs here, the ring's halves are even),
+    # with two ranks to a core; the frameworks' suites reach the same engine.
+    framework_free = [path for path in MPI_SUITES if not os.path.basename(path).startswith(("test_tf_", "test_torch_"))]
+    mpi_job.run_pytest_on_ranks(4, framework_free)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "nranks, ranks_per_node", [(4, 2), (3, 2)], ids=["4-ranks-as-2x2", "3-ranks-as-2+1"]
