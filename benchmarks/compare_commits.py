@@ -25,7 +25,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY = os.path.dirname(HERE)
 # Columns that describe a run rather than a measurement (see harness.write_results).
 RUN_COLUMNS = {"benchmark", "ranks", "date", "commit", "machine", "mpi", "hvdplus_version", "framework_versions",
-               "command", "baseline", "ratio", "seconds_over_baseline"}
+               "command"}
+# Columns derived from a row's value, which differ from run to run like the value itself.
+DERIVED_COLUMNS = {"baseline", "ratio", "seconds_over_baseline", "algbw_GBps", "busbw_GBps", "ratio_to_raw_mpi"}
 # The measured value of a row, and whether more of it is better.
 VALUES = (("seconds", False), ("samples_per_s", True))
 
@@ -50,7 +52,7 @@ def measurements(csv_path):
             for column, more_is_better in VALUES:
                 if row.get(column):
                     key = tuple((name, value) for name, value in row.items()
-                                if name not in RUN_COLUMNS and name not in dict(VALUES) and value)
+                                if name not in RUN_COLUMNS | DERIVED_COLUMNS and name not in dict(VALUES) and value)
                     found[key] = (float(row[column]), more_is_better)
     return found
 
