@@ -13,8 +13,8 @@ samples per second over head's.
 
 import argparse
 import csv
+import datetime
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY = os.path.dirname(HERE)
 # Columns that describe a run rather than a measurement (see harness.write_results).
 RUN_COLUMNS = {"benchmark", "ranks", "date", "commit", "machine", "mpi", "hvdplus_version", "framework_versions",
-               "command"}
+               "command", "base_commit", "turns"}
 # Columns derived from a row's value, which differ from run to run like the value itself.
 DERIVED_COLUMNS = {"baseline", "ratio", "seconds_over_baseline", "algbw_GBps", "busbw_GBps", "ratio_to_raw_mpi"}
 # The measured value of a row, and whether more of it is better.
@@ -42,6 +42,13 @@ def run_side(tree, benchmark, ranks, csv_path, extra):
     command = [sys.executable, "-m", "hvdplus.runner", "-np", str(ranks), sys.executable,
                os.path.join(tree, "benchmarks", f"{benchmark}.py"), "--csv", csv_path, *extra]
     subprocess.run(command, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def run_context(csv_path):
+    """The machine, MPI and versions a run's CSV records (the same in every row)."""
+    with open(csv_path, newline="") as handle:
+        first = next(csv.DictReader(handle), {})
+    return {column: first.get(column, "") for column in ("machine", "mpi", "hvdplus_version", "framework_versions")}
 
 
 def measurements(csv_path):
@@ -86,7 +93,7 @@ def main():
     base_commit = git("rev-parse", "--short", args.base)
     head_commit = git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain",
                                                                          "--untracked-files=no") else "")
-    runs = {"base": [], "head": []}
+    runs, context = {"base": [], "head": []}, {}
     with tempfile.TemporaryDirectory(prefix="hvdplus-compare-") as scratch:
         base_tree = os.path.join(scratch, "base")
         git("worktree", "add", "--detach", base_tree, base_commit)
@@ -96,14 +103,18 @@ def main():
                     path = os.path.join(scratch, f"{side}-{turn}.csv")
                     run_side(tree, args.benchmark, args.ranks, path, extra)
                     runs[side].append(measurements(path))
+                    context = run_context(path)
                     print(f"turn {turn + 1}/{args.turns}: {side} done", flush=True)
         finally:
             git("worktree", "remove", "--force", base_tree)
     rows = compare(runs)
     path = args.csv or os.path.join(HERE, "results", f"compare_{args.benchmark}_np{args.ranks}.csv")
     command = "python benchmarks/compare_commits.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    columns = {"base_commit": base_commit, "head_commit": head_commit, "turns": args.turns, "ranks": args.ranks,
-               "machine": f"{platform.machine()} {os.cpu_count()} cores", "command": command}
+    # `commit` and `date` as every result file has them (benchmarks/tables.py reads them): the
+    # code this file speaks for is head's.
+    columns = {"base_commit": base_commit, "commit": head_commit, "turns": args.turns, "ranks": args.ranks,
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **context,
+               "command": command}
     with open(path, "w", newline="") as handle:
         fields = list(dict.fromkeys(name for row in rows for name in row)) + list(columns)
         writer = csv.DictWriter(handle, fieldnames=fields)
