@@ -3,8 +3,8 @@
     python benchmarks/compare_commits.py --base fa0684a --benchmark engine --turns 3
 
 Checks the base commit out into a temporary git worktree and runs the benchmark under
-`hvdplusrun -np <ranks>` alternately from that tree and from this one (base, head, base,
-head...), so that both sides see the same machine load over the run. Each side imports the
+`hvdplusrun -np <ranks>` alternately from that tree and from this one (base, head, head,
+base, base, head...), so that both sides see the same machine load over the run. Each side imports the
 hvdplus of its own tree (PYTHONPATH). The medians over the turns of each measurement, and
 head's against base's, go to benchmarks/results/compare_<benchmark>_np<ranks>.csv with both
 commits. `head_worse_by` above 1 means head is slower: its seconds over base's, or base's
@@ -98,8 +98,11 @@ def main():
         base_tree = os.path.join(scratch, "base")
         git("worktree", "add", "--detach", base_tree, base_commit)
         try:
+            sides = (("base", base_tree), ("head", REPOSITORY))
             for turn in range(args.turns):
-                for side, tree in (("base", base_tree), ("head", REPOSITORY)):
+                # Base first in even turns, head first in odd ones: a drift of the machine
+                # over the run (warming up, another process) then favours neither side.
+                for side, tree in (sides if turn % 2 == 0 else sides[::-1]):
                     path = os.path.join(scratch, f"{side}-{turn}.csv")
                     run_side(tree, args.benchmark, args.ranks, path, extra)
                     runs[side].append(measurements(path))
