@@ -372,6 +372,28 @@ def machine(*sources):
     return f"Run on {hosts}, with {mpis}; {', '.join(ordered)}; {ranks} ranks."
 
 
+COMPARE_VALUES = {"base_median", "head_median", "head_worse_by", "value"}
+COMPARE_CONTEXT = {"base_commit", "commit", "turns", "ranks", "date", "machine", "mpi", "hvdplus_version",
+                   "framework_versions", "command"}
+
+
+def compare(*sources):
+    """Old against new (benchmarks/compare_commits.py): each measurement's medians at both
+    commits, and how much slower the new one is."""
+    rows = []
+    for results in sources:
+        benchmark = results.file[len("compare_"):].rsplit("_np", 1)[0]
+        for row in results.rows:
+            label = ", ".join(value for column, value in row.items()
+                              if column not in COMPARE_VALUES | COMPARE_CONTEXT and value)
+            show = duration if row["value"] == "seconds" else rate
+            rows.append([f"`{benchmark}` at `{row['base_commit']}` against `{row['commit']}`", label,
+                         show(float(row["base_median"])), show(float(row["head_median"])),
+                         f"{float(row['head_worse_by']):.3f}x"])
+    return markdown_table(["benchmark: old against new", "measurement", "old (median)", "new (median)",
+                           "new slower by"], rows)
+
+
 def measured(*sources):
     """The closing line of a table: when and at which commit each of its files was measured."""
     def commit(results):
@@ -400,6 +422,8 @@ TABLES = {
     "startup": Table(("startup_np2.csv",), startup),
     "ray_recovery": Table(("ray_recovery_np2.csv",), ray_recovery),
     "spark": Table(("spark_np2.csv",), spark),
+    "compare": Table(("compare_engine_np2.csv", "compare_collectives_np2.csv", "compare_torch_training_np2.csv"),
+                     compare),
     "summary": Table(("torch_training_np2.csv", "tensorflow_training_np2.csv", "keras_training_torch_np2.csv",
                       "engine_np2.csv", "collectives_np2.csv"), summary),
 }
