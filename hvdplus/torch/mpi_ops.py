@@ -18,7 +18,7 @@ import torch
 from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
 from ..common.sparse import GATHERED_OPS, divides_gathered
 from ..core import collectives, runtime
-from ..engine.handles import Handle, HandleGroup
+from ..core.handles import Handle, HandleGroup
 from ..core.process_sets import ProcessSet, global_process_set, name_in, rank_in, size_in
 from .buffers import (
     numpy_view,
