@@ -1,4 +1,4 @@
-"""Runs the suites under tests/mpi/ inside real MPI jobs of 1, 2 and 3 ranks (odd sizes
+"""Runs the suites under tests/mpi/ inside real MPI jobs of 1, 2, 3 and 4 ranks (odd sizes
 catch ring and split arithmetic), a job per file, and the topology suite with ranks posing
 as nodes. A failure names the file, the test, the rank and the assertion
 (tests/testkit/rank_reports.py)."""
@@ -19,10 +19,16 @@ pytestmark = pytest.mark.mpi
 MPI_SUITES = sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, "tests", "mpi", "test_*.py")))
 
 
+# TensorFlow's suites at 3 ranks only (and at 1, below): its bridge does the same at every
+# size, and two of its ranks reach the engine as the core's and torch's suites do at 2.
+SUITE_JOBS = [(suite, nranks) for suite in MPI_SUITES for nranks in (2, 3)
+              if nranks == 3 or not os.path.basename(suite).startswith("test_tf_")]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nranks", [2, 3])
-@pytest.mark.parametrize("suite", MPI_SUITES, ids=os.path.basename)
+@pytest.mark.parametrize("suite, nranks", SUITE_JOBS, ids=lambda value: str(value) if isinstance(value, int)
+                         else os.path.basename(value))
 def test_suite_on_ranks(mpi_job, suite, nranks):
     # One job per file, so a failure names its file before its test and rank.
     mpi_job.run_pytest_on_ranks(nranks, [suite])
@@ -34,15 +40,6 @@ def test_every_suite_on_one_rank(mpi_job):
     # At one rank every collective takes its shortcut; one job for all the files pays the
     # frameworks' imports once.
     mpi_job.run_pytest_on_ranks(1, MPI_SUITES)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_framework_free_suites_on_four_ranks(mpi_job):
-    # A power of two beside the odd three (Adasum runs here, the ring's halves are even),
-    # with two ranks to a core; the frameworks' suites reach the same engine.
-    framework_free = [path for path in MPI_SUITES if not os.path.basename(path).startswith(("test_tf_", "test_torch_"))]
-    mpi_job.run_pytest_on_ranks(4, framework_free)
 
 
 @pytest.mark.timeout(300)
@@ -61,11 +58,12 @@ def test_collectives_with_tiny_fusion_buffer_no_response_cache_and_overlap(mpi_j
     # Every fused batch splits and every name negotiates in full: the paths steady state skips.
     # Overlap on: collectives run in the background at once (auto picks off on this machine);
     # single copy off: large shared-memory all-reduces stage through the window instead.
-    # The core's and torch's suites: TensorFlow and Keras reach the engine through the same
-    # calls, and their suites run at 3 ranks under the defaults below.
-    core_and_torch = [path for path in MPI_SUITES if not os.path.basename(path).startswith("test_tf_")]
+    # Four ranks, a power of two beside the odd three of the defaults (Adasum runs here), two
+    # to a core. The framework-free suites: the adapters reach the engine through the same
+    # calls, and their suites run at 1 to 3 ranks under the defaults below (MPICH's at 4).
+    framework_free = [path for path in MPI_SUITES if not os.path.basename(path).startswith(("test_tf_", "test_torch_"))]
     mpi_job.run_pytest_on_ranks(
-        3, core_and_torch,
+        4, framework_free,
         env={"HVDPLUS_FUSION_THRESHOLD": "1000", "HVDPLUS_CACHE_CAPACITY": "0", "HVDPLUS_OVERLAP": "on",
              "HVDPLUS_SINGLE_COPY": "0"},
     )
@@ -98,8 +96,9 @@ def test_algorithms_with_simulated_nodes(mpi_job, nranks, ranks_per_node):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("nranks", [2, 3])
-@pytest.mark.parametrize("backend", ["torch", "tensorflow", "jax"])
+# One job size a backend, odd and even among them: the ranks' arithmetic is the core's,
+# which its own suites run at every size.
+@pytest.mark.parametrize("backend, nranks", [("torch", 3), ("tensorflow", 2), ("jax", 2)])
 def test_keras_on_each_backend(mpi_job, backend, nranks):
     if importlib.util.find_spec("keras") is None or importlib.util.find_spec(backend) is None:
         pytest.skip(f"keras with the {backend} backend is not installed")
