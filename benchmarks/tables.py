@@ -372,6 +372,26 @@ def machine(*sources):
     return f"Run on {hosts}, with {mpis}; {', '.join(ordered)}; {ranks} ranks."
 
 
+BREAKDOWN_WAYS = ("compute", "bridge", "bridge + raw MPI", "hvdplus")
+
+
+def keras_breakdown(*backends):
+    """Per backend, each way's milliseconds per step, what it adds to the way before, and its
+    efficiency against compute alone."""
+    rows = []
+    for results in backends:
+        backend = results.file[len("keras_breakdown_"):].rsplit("_np", 1)[0]
+        cells = []
+        for way in BREAKDOWN_WAYS:
+            ms = results.number("ms_per_step", way=way)
+            added = results.number("ms_added", way=way)
+            step = "" if ms is None else f"{ms:.2f} ms" + ("" if added is None else f" ({added:+.2f})")
+            cells.append(f"{step}, {fraction(results.number('efficiency', way=way))}")
+        rows.append([backend, *cells])
+    return markdown_table(["Keras backend", *(f"{way}: ms/step (added), efficiency" for way in BREAKDOWN_WAYS)],
+                          rows)
+
+
 COMPARE_VALUES = {"base_median", "head_median", "head_worse_by", "value"}
 COMPARE_CONTEXT = {"base_commit", "commit", "turns", "ranks", "date", "machine", "mpi", "hvdplus_version",
                    "framework_versions", "command"}
@@ -422,6 +442,8 @@ TABLES = {
     "startup": Table(("startup_np2.csv",), startup),
     "ray_recovery": Table(("ray_recovery_np2.csv",), ray_recovery),
     "spark": Table(("spark_np2.csv",), spark),
+    "keras_breakdown": Table(("keras_breakdown_tensorflow_np2.csv", "keras_breakdown_jax_np2.csv",
+                              "keras_breakdown_torch_np2.csv"), keras_breakdown),
     "compare": Table(("compare_engine_np2.csv", "compare_collectives_np2.csv", "compare_torch_training_np2.csv"),
                      compare),
     "summary": Table(("torch_training_np2.csv", "tensorflow_training_np2.csv", "keras_training_torch_np2.csv",
