@@ -38,7 +38,7 @@ from mpi4py import MPI  # noqa: E402
 
 import hvdplus.keras as hvd  # noqa: E402
 from harness import add_csv_option, array_batches, fit_runner, interleaved_throughputs, write_results  # noqa: E402
-from keras_models import MODELS, synthetic_data  # noqa: E402
+from keras_models import MODELS, start_ranks, synthetic_data  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 # The module whose `collectives` each backend's bridge calls on the host.
@@ -121,11 +121,7 @@ def main():
     add_csv_option(parser)
     args = parser.parse_args()
     backend = keras.backend.backend()
-    if backend == "torch":
-        import torch
-
-        torch.set_num_threads(1)
-    hvd.init()
+    start_ranks(hvd)
     spec = MODELS["mlp"]
     x, y = synthetic_data(spec, spec.batch * args.steps, seed=hvd.rank())
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -12,7 +12,7 @@ from typing import Callable, Tuple
 import keras
 import numpy as np
 
-__all__ = ["MODELS", "synthetic_data"]
+__all__ = ["MODELS", "synthetic_data", "start_ranks"]
 
 
 def mlp(width=256, depth=8):
@@ -61,3 +61,13 @@ def synthetic_data(model, rows, seed):
     """(x, y): `rows` samples of normal noise shaped for `model` (a BenchmarkModel), labels 0..9."""
     rng = np.random.default_rng(seed)
     return rng.normal(size=(rows,) + model.sample_shape).astype("float32"), rng.integers(0, 10, rows)
+
+
+def start_ranks(hvd):
+    """hvd.init(), after one compute thread per rank on the torch backend, as the other
+    backends get from the environment these benchmarks set before importing Keras."""
+    if keras.backend.backend() == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+    hvd.init()

@@ -32,7 +32,7 @@ from mpi4py import MPI  # noqa: E402
 import hvdplus.keras as hvd  # noqa: E402
 from harness import (add_csv_option, array_batches, fit_runner, interleaved_throughputs,  # noqa: E402
                      print_throughput_rows, ratio, throughput_rows, write_results)
-from keras_models import MODELS, synthetic_data  # noqa: E402
+from keras_models import MODELS, start_ranks, synthetic_data  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
@@ -89,11 +89,7 @@ def main():
     add_csv_option(parser)
     args = parser.parse_args()
     backend = keras.backend.backend()
-    if backend == "torch":
-        import torch
-
-        torch.set_num_threads(1)
-    hvd.init()
+    start_ranks(hvd)
     rows = []
     for name in args.models.split(","):
         model = MODELS[name]
