@@ -30,6 +30,8 @@ def _collective_names():
 def __getattr__(name):
     if name == "__all__":  # built on first use, from the collectives' own list
         return ["__version__", *_BASICS, *_collective_names(), *sorted(_LAUNCHER)]
+    if name.startswith("__"):  # probes such as __wrapped__ must not load the collectives, nor start MPI
+        raise AttributeError(f"module 'hvdplus' has no attribute {name!r}")
     if name == "elastic":  # a package of its own, loaded on first use like the collectives
         return importlib.import_module("hvdplus.elastic")
     module = _LAUNCHER.get(name)

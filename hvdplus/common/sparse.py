@@ -27,7 +27,7 @@ def densified(gradients: list, sparse_as_dense: bool, sparse_type: type, to_dens
     """`gradients` with each sparse one (an instance of `sparse_type`) that is not gathered
     made dense by `to_dense`; `gradients` itself, uncopied, when every sparse one is
     gathered, so that the common case builds no list."""
-    if gathered(True, sparse_as_dense):
+    if not sparse_as_dense:  # every sparse gradient is gathered
         return gradients
     return [to_dense(gradient) if isinstance(gradient, sparse_type) else gradient for gradient in gradients]
 

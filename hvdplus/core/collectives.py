@@ -47,7 +47,6 @@ def input_error_async(kind: str, name: Optional[str], error: Exception, process_
     """Submit an argument error an adapter found in a call of collective `kind` ("allreduce",
     ...), so that every rank raises it at synchronize (raising it on this rank alone would
     leave the others waiting for this rank's tensor)."""
-
     runtime = runtime_of(process_set, f"{kind}()")
     name = runtime.name_for(kind, name)
     return runtime.engine.submit(input_error(Collective(kind), name, error), None)
@@ -55,7 +54,7 @@ def input_error_async(kind: str, name: Optional[str], error: Exception, process_
 
 def grouped_input_error_async(name: Optional[str], error: Exception, process_set=None):
     """input_error_async for a grouped all-reduce: the error is submitted under the group's
-    name, which is what the other ranks submit (see groups.py)."""
+    name, which is what the other ranks submit (see engine/packing.py)."""
     runtime = runtime_of(process_set, "grouped_allreduce()")
     return input_error_async("allreduce", runtime.name_for("grouped_allreduce", name), error, process_set)
 
@@ -205,7 +204,6 @@ def barrier(name=None, process_set=None):
 
 def broadcast_object(obj=None, root_rank=0, name=None, process_set=None):
     """`root_rank`'s picklable `obj`, on every rank."""
-
     return _submit(Collective.BROADCAST_OBJECT, name, process_set, obj, root_rank).wait()
 
 

@@ -119,7 +119,7 @@ def runtime_of(process_set: Optional[ProcessSet], what: str) -> "runtime.Runtime
     """The Runtime that runs `process_set`'s collectives on this rank (the job's own for the
     global set or None); ValueError if this rank is not in the set."""
     job = runtime.current(what)
-    if process_set is None or process_set.process_set_id == 0:
+    if is_job(process_set):
         return job
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"{what}: process_set must be an hvdplus ProcessSet, got {type(process_set).__name__}")

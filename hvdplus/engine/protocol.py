@@ -49,10 +49,6 @@ class Collective(str):
             known = cls._declared[name] = str.__new__(cls, name)
         return known
 
-    @property
-    def value(self) -> str:
-        return str(self)
-
     def __reduce__(self):
         return Collective, (str(self),)
 

@@ -60,9 +60,10 @@ def run_fused(algorithms, batch, payloads, fusion_buffer, timeline=None):
     # Fused batches share the mark (see fusion_key): their Average is then a plain sum.
     op = ReduceOp.SUM if agree.averaged_while_packing else agree.reduce_op
     scaling = (op, agree.prescale, agree.postscale)
-    if agree.layout is _MEMBERS or reduced_where_it_lies(
-            (agree.dtype,), dtype_name(accumulation_dtype(agree.dtype)), agree.prescale,
-            algorithms.engine_algorithm == "shm"):
+    in_shared_memory = algorithms.engine_algorithm == "shm"
+    # The dtype's name is looked up only where the engine reduces in shared memory at all.
+    if agree.layout is _MEMBERS or in_shared_memory and reduced_where_it_lies(
+            (agree.dtype,), dtype_name(accumulation_dtype(agree.dtype)), agree.prescale, in_shared_memory):
         return _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline)
     if len(payloads) == 1 and payloads[0] is not JOINED:
         # Nothing to fuse: reduce straight from the caller's array, saving two copies.
