@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+from measured_commit import measured_commit
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY = os.path.dirname(HERE)
 # Columns that describe a run rather than a measurement (see harness.write_results).
@@ -91,8 +93,7 @@ def main():
     args = parser.parse_args()
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
     base_commit = git("rev-parse", "--short", args.base)
-    head_commit = git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain",
-                                                                         "--untracked-files=no") else "")
+    head_commit = measured_commit()
     runs, context = {"base": [], "head": []}, {}
     with tempfile.TemporaryDirectory(prefix="hvdplus-compare-") as scratch:
         base_tree = os.path.join(scratch, "base")
@@ -106,7 +107,8 @@ def main():
                     path = os.path.join(scratch, f"{side}-{turn}.csv")
                     run_side(tree, args.benchmark, args.ranks, path, extra)
                     runs[side].append(measurements(path))
-                    context = run_context(path)
+                    if side == "head":
+                        context = run_context(path)
                     print(f"turn {turn + 1}/{args.turns}: {side} done", flush=True)
         finally:
             git("worktree", "remove", "--force", base_tree)

@@ -6,7 +6,7 @@ Every benchmark writes its results through write_results: rank 0 replaces
 row per measurement, so that the committed file is always the last full run of that
 benchmark at that rank count, never a mix of runs. Each row carries, after its measurement
 columns, what a reader needs to trust or redo it: `ranks`, `date` (UTC, when the file was
-written), `commit` (the code measured, see _commit), `machine`, `mpi` (the MPI
+written), `commit` (the code measured, see measured_commit.py), `machine`, `mpi` (the MPI
 library's version line), `hvdplus_version`, `framework_versions` and `command`, the command
 line that reproduces the run.
 benchmarks/results/README.md describes the columns of each benchmark.
@@ -19,11 +19,12 @@ import platform
 import shlex
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
 from mpi4py import MPI
+
+from measured_commit import measured_commit
 
 __all__ = ["throughput", "interleaved_throughputs", "array_batches", "fit_runner", "init_gloo",
            "add_csv_option", "write_results", "write_table", "library_versions", "ratio", "throughput_rows",
@@ -174,7 +175,7 @@ def write_table(benchmark, rows, path, ranks, command, mpi, framework_versions):
     context = {
         "ranks": ranks,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": _commit(),
+        "commit": measured_commit(),
         "machine": _machine(),
         "mpi": mpi,
         "hvdplus_version": _hvdplus_version(),
@@ -215,24 +216,6 @@ def _cell(value):
     if value is None:
         return ""
     return f"{value:.6g}" if isinstance(value, float) else value
-
-
-def _commit():
-    """The commit the benchmarks run, as `git rev-parse --short HEAD`, with "+dirty" appended when
-    tracked files differ from it; "unknown" outside a git checkout (or without git).
-
-    Changes under benchmarks/results/ do not count: a run of several benchmarks rewrites those
-    files one after the other, and the code each of them measures is the same."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=REPOSITORY, capture_output=True, text=True, check=True).stdout
-
-    try:
-        commit = git("rev-parse", "--short", "HEAD").strip()
-        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                      f":(exclude){os.path.relpath(RESULTS, REPOSITORY)}")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit + ("+dirty" if changed.strip() else "")
 
 
 def _machine():
