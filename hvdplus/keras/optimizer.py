@@ -11,6 +11,7 @@ train replica groups of their own); as in Horovod, a rank outside the set applie
 gradients, not reduced.
 """
 
+import contextlib
 import weakref
 
 import keras
@@ -21,6 +22,7 @@ from ..common.reduce_ops import Average
 from ..common.scaling import Reduction, gradient_reduction
 from ..core import runtime
 from ..core.process_sets import ProcessSet, global_process_set
+from . import backends
 from .compression import Compression
 from .mpi_ops import allreduce_gradients
 
@@ -35,6 +37,7 @@ class _DistributedOptimizer:
     _hvdplus_process_set = None  # the whole job
     _hvdplus_local = frozenset()  # ids of variables whose gradients stay on this rank
     _hvdplus_scale_local = True
+    _hvdplus_reduced_by_caller = False
 
     def _hvdplus_configure(self, op, backward_passes_per_step, average_aggregated_gradients,
                            gradient_predivide_factor, compression=None, process_set=None):
@@ -54,6 +57,7 @@ class _DistributedOptimizer:
             this = weakref.ref(self)
             self._hvdplus_detach_from_reforms = runtime.on_reform(
                 lambda: this() is not None and this()._hvdplus_scale_to_size())
+        backends.prepare_training(keras.backend.backend())
 
     def _hvdplus_size(self) -> int:
         """How many ranks average the gradients: the job's, or the process set's."""
@@ -76,24 +80,40 @@ class _DistributedOptimizer:
                                                      summed_passes)
 
     def apply(self, grads, trainable_variables=None):
-        variables = trainable_variables if trainable_variables is not None else self._trainable_variables
-        if self._hvdplus_reduces():
-            grads = list(grads)
-            # Local variables' gradients (PartialDistributedOptimizer) skip the all-reduce.
-            kept = {i: grads[i] for i, variable in enumerate(variables) if id(variable) in self._hvdplus_local}
-            for i in kept:
-                grads[i] = None
-            op, prescale, postscale = self._hvdplus_reduction
-            compression = self._hvdplus_compression
-            # Without compression a gradient stays the very tensor (torch's .grad, reduced in place).
-            wires = [(None, None) if g is None else compression.compress(g) for g in grads]
-            reduced = allreduce_gradients([wire for wire, _ in wires], list(variables), op, prescale, postscale,
-                                          self._hvdplus_process_set)
-            grads = [r if r is None else compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
-            divisor = self._hvdplus_size() if self._hvdplus_scale_local else 1
-            for i, grad in kept.items():
-                grads[i] = grad / divisor if divisor != 1 and grad is not None else grad
+        if self._hvdplus_reduces() and not self._hvdplus_reduced_by_caller:
+            variables = trainable_variables if trainable_variables is not None else self._trainable_variables
+            grads = self._hvdplus_reduced(grads, variables)
         return super().apply(grads, trainable_variables)
+
+    def _hvdplus_reduced(self, grads, variables):
+        """`grads` of `variables` as this optimizer applies them: all-reduced over the set
+        (compressed on the wire), and local variables' own gradients divided by the size."""
+        grads = list(grads)
+        # Local variables' gradients (PartialDistributedOptimizer) skip the all-reduce.
+        kept = {i: grads[i] for i, variable in enumerate(variables) if id(variable) in self._hvdplus_local}
+        for i in kept:
+            grads[i] = None
+        op, prescale, postscale = self._hvdplus_reduction
+        compression = self._hvdplus_compression
+        # Without compression a gradient stays the very tensor (torch's .grad, reduced in place).
+        wires = [(None, None) if g is None else compression.compress(g) for g in grads]
+        reduced = allreduce_gradients([wire for wire, _ in wires], list(variables), op, prescale, postscale,
+                                      self._hvdplus_process_set)
+        grads = [r if r is None else compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
+        divisor = self._hvdplus_size() if self._hvdplus_scale_local else 1
+        for i, grad in kept.items():
+            grads[i] = grad / divisor if divisor != 1 and grad is not None else grad
+        return grads
+
+    @contextlib.contextmanager
+    def _hvdplus_applying_reduced(self):
+        """Within: `apply` takes its gradients as already reduced (a training step that reduced
+        them itself, outside the compiled update, calls it so)."""
+        self._hvdplus_reduced_by_caller = True
+        try:
+            yield
+        finally:
+            self._hvdplus_reduced_by_caller = False
 
 
 def _is_global(process_set) -> bool:

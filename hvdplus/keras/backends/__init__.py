@@ -3,12 +3,13 @@
 Each module has `grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor,
 name, process_set)`: the step's present gradients (what that backend hands the optimizer)
 and their variables in; the gradients all-reduced over `process_set` (None: the job) out,
-in that backend's kind of tensor.
+in that backend's kind of tensor. A module may also have `prepare_training()`, which
+prepare_training calls for every DistributedOptimizer made on its backend.
 """
 
 import importlib
 
-__all__ = ["for_backend"]
+__all__ = ["for_backend", "prepare_training"]
 
 _SUPPORTED = ("tensorflow", "torch", "jax")
 
@@ -21,3 +22,10 @@ def for_backend(backend: str):
             f"{_SUPPORTED[-1]} backends, not {backend!r}"
         )
     return importlib.import_module(f"{__name__}.{backend}")
+
+
+def prepare_training(backend: str):
+    """Whatever `backend`'s module sets up, once, for Keras' training step to reduce gradients."""
+    prepare = getattr(for_backend(backend), "prepare_training", None)
+    if prepare is not None:
+        prepare()

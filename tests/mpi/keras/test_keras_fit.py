@@ -55,6 +55,42 @@ def test_fit_on_k_ranks_equals_one_process(name, rank, size):
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
+class DelegatingSequential(keras.Sequential):
+    """A model with a train_step of its own (here Keras' own, called through super): on the
+    jax backend hvdplus cannot split it, and reduces in its host callback inside jit."""
+
+    def train_step(self, *args):
+        return super().train_step(*args)
+
+
+# Several steps per call, where the backend takes them (Keras' torch trainer takes one).
+STEPS_PER_EXECUTION = 1 if keras.backend.backend() == "torch" else 3
+
+
+@pytest.mark.parametrize("model_class, steps_per_execution",
+                         [(keras.Sequential, STEPS_PER_EXECUTION), (DelegatingSequential, 1)],
+                         ids=["own-step", "custom-step"])
+def test_fit_equals_one_process_with_keras_step_or_a_custom_one(model_class, steps_per_execution, rank, size):
+    x, y = global_data(size)
+    reference = make_model()
+    reference.compile(optimizer=OPTIMIZERS["adam"](), loss="mse")
+    reference.fit(x, y, batch_size=size * PER_RANK, epochs=2, shuffle=False, verbose=0)
+
+    keras.utils.set_random_seed(0)
+    model = model_class(make_model().layers)
+    model.compile(optimizer=hvd.DistributedOptimizer(OPTIMIZERS["adam"]()), loss="mse",
+                  steps_per_execution=steps_per_execution)
+    model.fit(rank_rows(x, rank, size), rank_rows(y, rank, size), batch_size=PER_RANK, epochs=2,
+              shuffle=False, verbose=0)
+    for mine, theirs in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    if keras.backend.backend() == "jax":
+        from hvdplus.keras.backends.jax import splits_its_step
+
+        # Keras' own step is compiled in two halves around the host all-reduce; a custom one is not.
+        assert splits_its_step(model) == (model_class is keras.Sequential)
+
+
 def test_backward_passes_per_step_accumulate_like_a_larger_batch(rank, size):
     x, y = global_data(size * 2)
     reference = make_model()
