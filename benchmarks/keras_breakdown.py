@@ -4,20 +4,24 @@
     KERAS_BACKEND=jax        hvdplusrun -np 2 python benchmarks/keras_breakdown.py
     KERAS_BACKEND=torch      hvdplusrun -np 2 python benchmarks/keras_breakdown.py
 
-model.fit of keras_models' MLP (batch 64 per rank) in four ways, taking turns round after
+model.fit of keras_models' MLP (batch 64 per rank) in five ways, taking turns round after
 round in one job (harness.interleaved_throughputs), each way a model of its own:
 
 - "compute": the ranks fit their own copies, with no hvdplus at all;
 - "bridge": hvdplus' DistributedOptimizer, whose host function hands the gradients straight
   back instead of reducing them: the step's crossing from the framework to numpy and back
-  (TensorFlow's numpy_function, JAX's io_callback, torch's tensors as arrays), nothing else;
-- "bridge + raw MPI": the same crossing, with one mpi4py `Allreduce` of the step's gradients
-  (packed into one buffer) and the average: the fastest all-reduce of the same bytes from
-  inside this framework's step, the ceiling of any library that bridges to the host;
+  (TensorFlow's numpy_function, the host between JAX's two compiled halves, torch's tensors
+  as arrays), nothing else;
+- "bridge + lock-step": the same, with an MPI Barrier where the all-reduce would be: what
+  the ranks lose by waiting for each other every step, with no data moved;
+- "bridge + raw MPI": the crossing, with one mpi4py `Allreduce` of the step's gradients
+  packed into one persistent buffer, and the average: the fastest all-reduce of the same
+  bytes from inside this framework's step, the ceiling of any library that bridges to the
+  host;
 - "hvdplus": the real thing (negotiation, checks, fusion, the engine's algorithms).
 
 The differences between consecutive ways, per step, are the costs of the bridge, of the
-all-reduce itself and of hvdplus' engine beyond a raw call. The host function is swapped by
+lock-step, of moving the data and of hvdplus' engine beyond a raw call. The host function is swapped by
 replacing the `collectives` module that the backend's bridge calls for the duration of a
 way's fits (it is looked up per call, so the compiled steps stay as they are). Prints
 milliseconds per step, and writes benchmarks/results/keras_breakdown_<backend>_np<ranks>.csv.
@@ -73,21 +77,47 @@ class _HandsBack:
         return _Done(list(outputs))
 
 
+class _LockStep(_HandsBack):
+    """The members handed back after an MPI Barrier: the ranks meet, no data moves."""
+
+    def grouped_allreduce_async(self, arrays, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                                outputs=None, process_set=None):
+        WORLD.Barrier()
+        return super().grouped_allreduce_async(arrays, outputs=outputs)
+
+
 class _RawMpi(_HandsBack):
-    """One mpi4py Allreduce of all members packed into one buffer, then the average."""
+    """One mpi4py Allreduce of all members packed into one buffer that every step reuses (MPI
+    moves a buffer it has seen before fastest), then the average."""
+
+    def __init__(self):
+        self._packed = np.empty(0, np.float32)
 
     def grouped_allreduce_async(self, arrays, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                                 outputs=None, process_set=None):
         arrays = [np.asarray(array) for array in arrays]
-        packed = np.concatenate([array.reshape(-1) for array in arrays])
+        total = sum(array.size for array in arrays)
+        if self._packed.size != total or self._packed.dtype != arrays[0].dtype:
+            self._packed = np.empty(total, arrays[0].dtype)
+        packed, start = self._packed, 0
+        for array in arrays:
+            packed[start:start + array.size] = array.reshape(-1)
+            start += array.size
         WORLD.Allreduce(MPI.IN_PLACE, packed)
         packed *= postscale_factor / WORLD.Get_size()
-        targets = outputs if outputs is not None else [np.empty_like(array) for array in arrays]
-        start = 0
-        for target in targets:
-            target.reshape(-1)[...] = packed[start:start + target.size]
-            start += target.size
-        return _Done(list(targets))
+        if outputs is None:  # views of the packed buffer, as the engine hands out its own
+            return _Done(_members(packed, arrays))
+        for output, member in zip(outputs, _members(packed, arrays)):
+            np.copyto(output, member)
+        return _Done(list(outputs))
+
+
+def _members(packed, arrays):
+    members, start = [], 0
+    for array in arrays:
+        members.append(packed[start:start + array.size].reshape(array.shape))
+        start += array.size
+    return members
 
 
 @contextlib.contextmanager
@@ -135,6 +165,7 @@ def main():
     runs = {
         "compute": way(compiled(False), x, y, spec.batch),
         "bridge": way(compiled(True), x, y, spec.batch, _HandsBack()),
+        "bridge + lock-step": way(compiled(True), x, y, spec.batch, _LockStep()),
         "bridge + raw MPI": way(compiled(True), x, y, spec.batch, _RawMpi()),
         "hvdplus": way(compiled(True), x, y, spec.batch),
     }

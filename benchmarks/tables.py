@@ -372,7 +372,7 @@ def machine(*sources):
     return f"Run on {hosts}, with {mpis}; {', '.join(ordered)}; {ranks} ranks."
 
 
-BREAKDOWN_WAYS = ("compute", "bridge", "bridge + raw MPI", "hvdplus")
+BREAKDOWN_WAYS = ("compute", "bridge", "bridge + lock-step", "bridge + raw MPI", "hvdplus")
 
 
 def keras_breakdown(*backends):
