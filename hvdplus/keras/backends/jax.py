@@ -16,14 +16,13 @@ summed). `io_callback`, because JAX may drop or repeat a `pure_callback`, and a 
 must run exactly once per step on every rank; `ordered` keeps it in program order with any
 other callback."""
 
-import math
-
 import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
 from jax.experimental import io_callback
 
+from ...common.packed_members import members_of
 from ...core import collectives
 
 
@@ -45,16 +44,6 @@ def grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor,
 
     reduced = io_callback(reduce_on_host, jax.ShapeDtypeStruct(packed.shape, packed_dtype), packed, ordered=True)
     return [piece.astype(t.dtype) for piece, t in zip(members_of(reduced, shapes), tensors)]
-
-
-def members_of(packed, shapes):
-    """Views (or slices, for JAX arrays) of a flat array holding members of `shapes` end to end."""
-    members, start = [], 0
-    for shape in shapes:
-        count = math.prod(shape)
-        members.append(packed[start:start + count].reshape(shape))
-        start += count
-    return members
 
 
 def prepare_training():
