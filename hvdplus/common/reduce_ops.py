@@ -33,6 +33,8 @@ ELEMENTWISE_OPS = tuple(op for op in ReduceOp if op != ReduceOp.ADASUM)
 
 def as_reduce_op(op) -> ReduceOp:
     """Accept a ReduceOp, its Horovod number, or its name ("sum", "Average")."""
+    if type(op) is ReduceOp:  # the common case, without the enum's lookup (every submission asks)
+        return op
     if isinstance(op, str):
         try:
             return ReduceOp[op.upper()]
