@@ -117,7 +117,8 @@ def markdown_table(header, rows):
 
 ENGINE_LABELS = {
     "engine": "{tensors} tensors × {elements} float32 through the engine, async + synchronize",
-    "engine, no cache": "the same, response cache off",
+    "engine, grouped": "the same as one grouped all-reduce through the engine",
+    "engine, no cache": "{tensors} tensors through the engine, response cache off",
     "raw separate": "{tensors} separate raw `Comm.Allreduce` calls",
     "raw concatenated": "raw concatenated: one `Allreduce` of all {tensors}",
     "lone engine": "lone {bytes} `hvd.allreduce`",
