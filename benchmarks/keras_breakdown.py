@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import hvdplus.keras as hvd  # noqa: E402
+from hvdplus.common.packed_members import members_of  # noqa: E402
 from harness import add_csv_option, array_batches, fit_runner, interleaved_throughputs, write_results  # noqa: E402
 from keras_models import MODELS, start_ranks, synthetic_data  # noqa: E402
 
@@ -106,18 +107,10 @@ class _RawMpi(_HandsBack):
         WORLD.Allreduce(MPI.IN_PLACE, packed)
         packed *= postscale_factor / WORLD.Get_size()
         if outputs is None:  # views of the packed buffer, as the engine hands out its own
-            return _Done(_members(packed, arrays))
-        for output, member in zip(outputs, _members(packed, arrays)):
+            return _Done(members_of(packed, [array.shape for array in arrays]))
+        for output, member in zip(outputs, members_of(packed, [array.shape for array in arrays])):
             np.copyto(output, member)
         return _Done(list(outputs))
-
-
-def _members(packed, arrays):
-    members, start = [], 0
-    for array in arrays:
-        members.append(packed[start:start + array.size].reshape(array.shape))
-        start += array.size
-    return members
 
 
 @contextlib.contextmanager

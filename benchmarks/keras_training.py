@@ -9,10 +9,11 @@ ResNet-style CNN, batch 32), in one job and one thread per rank: model.fit with 
 DistributedOptimizer on every rank, the same ranks fitting their own copies with no
 communication ("independent ranks"), and one rank alone, taking turns round after round
 (harness.interleaved_throughputs). Scaling efficiency = hvdplus / independent ranks. Timed
-in steady state, between batch ends inside each fit (see fit_run). On the torch backend,
-whose optimizer sees the gradients eagerly, also the naive peer: an optimizer that
-all-reduces each gradient with mpi4py, one call each, then divides (no negotiation, no
-checks: what the communication alone costs when done plainly). Prints samples/s and the
+in steady state, between batch ends inside each fit (see fit_run). Also the naive peer: an
+optimizer that all-reduces each gradient with mpi4py, one call each, then divides (no
+negotiation, no checks: what the communication alone costs when done plainly), from where
+its backend hands the gradients over: eagerly on torch, through one `tf.numpy_function`
+inside TensorFlow's tf.function, through one `io_callback` inside JAX's jit. Prints samples/s and the
 ratios between them, and writes the same to
 benchmarks/results/keras_training_<backend>_np<ranks>.csv (see harness.write_results).
 """
@@ -27,6 +28,7 @@ os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import hvdplus.keras as hvd  # noqa: E402
@@ -50,20 +52,48 @@ def fit_run(model, x, y, batch, participants):
     return run, participants
 
 
-class _Mpi4pyAveraging:
-    """Mixed in before a Keras optimizer on the torch backend: each gradient (a CPU
-    tensor, the variable's own .grad) all-reduced in place by mpi4py, then divided."""
+def mpi4py_average(*arrays):
+    """Each array all-reduced by mpi4py, one call each, and divided by the size: new arrays."""
+    averaged = []
+    for array in arrays:
+        array = np.asarray(array)  # JAX hands a callback its own arrays
+        result = np.empty_like(array)
+        WORLD.Allreduce(array, result)
+        result *= 1.0 / WORLD.Get_size()
+        averaged.append(result)
+    return averaged
 
-    def apply(self, grads, trainable_variables=None):
+
+def naive_host_average(grads):
+    """`grads` (what the backend's optimizer is handed) averaged by mpi4py_average on the host."""
+    backend = keras.backend.backend()
+    if backend == "torch":  # eager CPU tensors, the variables' own .grad: averaged in place
         for grad in grads:
             array = grad.numpy()
             WORLD.Allreduce(MPI.IN_PLACE, array)
             array *= 1.0 / WORLD.Get_size()
-        return super().apply(grads, trainable_variables)
+        return grads
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        averaged = tf.numpy_function(mpi4py_average, grads, [g.dtype for g in grads], stateful=True)
+        return [tf.ensure_shape(a, g.shape) for a, g in zip(averaged, grads)]
+    import jax
+    from jax.experimental import io_callback
+
+    shapes = [jax.ShapeDtypeStruct(g.shape, g.dtype) for g in grads]
+    return io_callback(mpi4py_average, shapes, *grads, ordered=True)
+
+
+class _Mpi4pyAveraging:
+    """Mixed in before a Keras optimizer: the naive peer's gradients (naive_host_average)."""
+
+    def apply(self, grads, trainable_variables=None):
+        return super().apply(naive_host_average(list(grads)), trainable_variables)
 
 
 def measure(model, steps, rounds):
-    """{label: samples/s} of hvdplus, independent ranks and one rank alone for a BenchmarkModel."""
+    """{label: samples/s} of hvdplus, the naive peer, independent ranks and one rank alone for a BenchmarkModel."""
     x, y = synthetic_data(model, model.batch * steps, seed=hvd.rank())
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     distributed = model.build()
@@ -71,11 +101,10 @@ def measure(model, steps, rounds):
     alone = model.build()
     alone.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss=loss)
     runs = {"hvdplus": fit_run(distributed, x, y, model.batch, hvd.size())}
-    if keras.backend.backend() == "torch":
-        naive = model.build()
-        naive_sgd = type("SGD", (_Mpi4pyAveraging, keras.optimizers.SGD), {})
-        naive.compile(optimizer=naive_sgd(0.01, momentum=0.9), loss=loss)
-        runs["mpi4py loop"] = fit_run(naive, x, y, model.batch, hvd.size())
+    naive = model.build()
+    naive_sgd = type("SGD", (_Mpi4pyAveraging, keras.optimizers.SGD), {})
+    naive.compile(optimizer=naive_sgd(0.01, momentum=0.9), loss=loss)
+    runs["mpi4py loop"] = fit_run(naive, x, y, model.batch, hvd.size())
     runs["independent ranks"] = fit_run(alone, x, y, model.batch, hvd.size())
     runs["one rank alone"] = fit_run(alone, x, y, model.batch, 1)
     return interleaved_throughputs(runs, model.batch, steps, rounds=rounds)
@@ -95,9 +124,8 @@ def main():
         model = MODELS[name]
         steps = args.steps or model.steps
         results = measure(model, steps, args.rounds)
-        ratios = [ratio(results, "hvdplus", "independent ranks")]
-        if "mpi4py loop" in results:
-            ratios += [ratio(results, "mpi4py loop", "independent ranks"), ratio(results, "hvdplus", "mpi4py loop")]
+        ratios = [ratio(results, "hvdplus", "independent ranks"), ratio(results, "mpi4py loop", "independent ranks"),
+                  ratio(results, "hvdplus", "mpi4py loop")]
         model_rows = throughput_rows(results, ratios, model=name, batch_per_rank=model.batch, steps=steps)
         if hvd.rank() == 0:
             print(f"Keras {keras.__version__}, backend {backend}, {hvd.size()} ranks, "
