@@ -344,15 +344,18 @@ def bandwidth_summary(results):
             f"({duration(float(raw['seconds']))})"]
 
 
-def summary(torch_results, tensorflow_results, keras_results, engine_results, collectives_results):
-    """README's table: hvdplus' headline numbers from each benchmark, with the command that measured them."""
+def summary(torch_results, tensorflow_results, *rest):
+    """README's table: hvdplus' headline numbers from each benchmark, with the command that
+    measured them: torch, TensorFlow, Keras on each backend, the engine, the collectives."""
+    *keras_backends, engine_results, collectives_results = rest
     tape = {model: f"{label}, `DistributedGradientTape`" for model, label in KERAS_MODELS.items()}
     rows = (training_summary(torch_results, TORCH_MODELS, "hvdplus", "independent ranks", "DDP gloo", "DDP (gloo)")
-            + training_summary(tensorflow_results, tape, B, D, C, "MultiWorkerMirroredStrategy")
-            + training_summary(keras_results, KERAS_MODELS, "hvdplus", "independent ranks", "mpi4py loop",
-                               "mpi4py loop")
-            + [latency_summary(engine_results), bandwidth_summary(collectives_results)])
-    sources = (torch_results, tensorflow_results, keras_results, engine_results, collectives_results)
+            + training_summary(tensorflow_results, tape, B, D, C, "MultiWorkerMirroredStrategy"))
+    for keras_results in keras_backends:
+        rows += training_summary(keras_results, KERAS_MODELS, "hvdplus", "independent ranks", "mpi4py loop",
+                                 "mpi4py loop")
+    rows += [latency_summary(engine_results), bandwidth_summary(collectives_results)]
+    sources = (torch_results, tensorflow_results, *keras_backends, engine_results, collectives_results)
     header = ["benchmark (command)", "model", "hvdplus", "efficiency", "against"]
     return machine(*sources) + "\n\n" + markdown_table(header, rows)
 
@@ -448,7 +451,8 @@ TABLES = {
     "compare": Table(("compare_engine_np2.csv", "compare_collectives_np2.csv", "compare_torch_training_np2.csv"),
                      compare),
     "summary": Table(("torch_training_np2.csv", "tensorflow_training_np2.csv", "keras_training_torch_np2.csv",
-                      "engine_np2.csv", "collectives_np2.csv"), summary),
+                      "keras_training_tensorflow_np2.csv", "keras_training_jax_np2.csv", "engine_np2.csv",
+                      "collectives_np2.csv"), summary),
 }
 
 
