@@ -122,6 +122,15 @@ def test_open_mpi_5_command():
     ]
 
 
+@pytest.mark.parametrize("dialect, binding", [(OpenMpi((5, 0, 11)), ["--bind-to", "core"]),
+                                              (Mpich((4, 1)), ["-bind-to=core"]), (Mpich((4, 1)), ["-binding", "x"])])
+def test_a_binding_in_mpi_args_replaces_ours(dialect, binding):
+    argv = dialect.command("mpirun", Job(num_proc=2, program=["t"], mpi_args=binding))
+    assert " ".join(dialect.no_binding()) not in " ".join(argv)
+    assert argv[-1 - len(binding):-1] == binding
+    assert [arg.lstrip("-").split("=")[0] for arg in argv].count(binding[0].lstrip("-").split("=")[0]) == 1
+
+
 def test_open_mpi_output_files_by_version():
     assert OpenMpi((5, 0)).output("/out") == [
         "--output", "tag,dir=/out,merge-stderr-to-stdout"

@@ -68,6 +68,13 @@ class Job:
     network_interfaces: Optional[str] = None
 
 
+def names_a_binding(mpi_args: Sequence[str]) -> bool:
+    """Whether the user's launcher arguments bind ranks themselves (`--bind-to core`,
+    `-bind-to=socket`, MPICH's `-binding`), so that ours (none) stays out of their way."""
+    return any(arg.startswith("-") and arg.lstrip("-").split("=", 1)[0] in ("bind-to", "binding")
+               for arg in mpi_args)
+
+
 class Dialect(abc.ABC):
     """How one MPI's launcher spells each part of a job."""
 
@@ -81,7 +88,9 @@ class Dialect(abc.ABC):
             argv += self.run_as_root()
         if job.oversubscribe:
             argv += self.oversubscribe()
-        argv += self.no_binding() + self.abort_on_failure() + self.output(job.output_dir)
+        if not names_a_binding(job.mpi_args):  # the launchers refuse a second binding
+            argv += self.no_binding()
+        argv += self.abort_on_failure() + self.output(job.output_dir)
         if job.fault_tolerant:
             argv += self.fault_tolerance()
         if job.ssh_args:
