@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from hvdplus.comm.output_pool import OutputPool
+from hvdplus.comm.output_pool import OutputPool, aligned_layout
 
 
 def address(array):
@@ -56,3 +56,10 @@ def test_results_start_on_64_byte_boundaries():
         assert address(held) % 64 == 0
         del held
         assert address(pool.empty((count,), np.dtype(np.float32))) % 64 == 0
+
+
+def test_aligned_layout_starts_every_member_on_a_64_byte_boundary():
+    # float32: 16 elements to 64 bytes; float64: 8.
+    assert aligned_layout([3, 16, 1], 4) == ([0, 16, 32], 33)
+    assert aligned_layout([9, 1], 8) == ([0, 16], 17)
+    assert aligned_layout([100], 2) == ([0], 100)

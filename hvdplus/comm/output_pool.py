@@ -21,12 +21,23 @@ import numpy as np
 
 from .memory import address_of
 
-__all__ = ["OutputPool"]
+__all__ = ["OutputPool", "aligned_layout"]
 
 # References to a buffer nobody else holds: the pool's list, the loop variable looking at
 # it, and getrefcount's own argument.
 _REFS_WHEN_UNUSED = 3
 ALIGNMENT = 64
+
+
+def aligned_layout(counts, itemsize: int):
+    """(where each member starts, elements up to the last one's end) in one buffer holding
+    members of `counts` elements, each starting on an ALIGNMENT-byte boundary."""
+    step = max(ALIGNMENT // itemsize, 1)
+    starts, next_start = [], 0
+    for count in counts:
+        starts.append(next_start)
+        next_start += -(-count // step) * step
+    return starts, starts[-1] + counts[-1]
 
 
 class OutputPool:

@@ -37,7 +37,7 @@ import dataclasses
 import numpy as np
 
 from ..comm.memory import same_memory
-from ..comm.output_pool import ALIGNMENT
+from ..comm.output_pool import aligned_layout
 from ..common.dtypes import accumulation_dtype, dtype_name
 from ..common.reduce_ops import ReduceOp
 from ..common.scaling import scale_factor
@@ -91,7 +91,7 @@ def grouped_request(group: str, arrays, outputs, op, prescale_factor, postscale_
     reduce_as = kinds.pop() if len(kinds) == 1 else _FLOAT64
     names = {dtype: dtype_name(dtype) for dtype in checked}
     counts = [data.size for data in members]
-    starts, packed_size = _packed_layout(counts, reduce_as.itemsize)
+    starts, packed_size = aligned_layout(counts, reduce_as.itemsize)
     member_dtypes = tuple(names[data.dtype] for data in members)
     agree = Agreement(member_dtypes=member_dtypes, member_shapes=tuple(data.shape for data in members),
                       in_place=all(out is data for out, data in zip(outputs, members)),
@@ -150,17 +150,6 @@ def _average_while_packing(agree, size: int) -> bool:
     return (agree.reduce_op == ReduceOp.AVERAGE and size > 1 and size & (size - 1) == 0
             and np.dtype(agree.dtype).kind == "f"
             and all(name == agree.dtype for name in agree.member_dtypes))
-
-
-def _packed_layout(counts, itemsize: int):
-    """(where each member starts, elements up to the last one's end) in a packed buffer
-    whose members each start on an ALIGNMENT-byte boundary, with zeros between them."""
-    step = max(ALIGNMENT // itemsize, 1)
-    starts, next_start = [], 0
-    for count in counts:
-        starts.append(next_start)
-        next_start += -(-count // step) * step
-    return starts, starts[-1] + counts[-1]
 
 
 def _unpack(reduced: np.ndarray, members, outputs, starts):

@@ -88,6 +88,29 @@ def test_allreduce_leaves_input_untouched_and_accepts_lists(rank, size):
     np.testing.assert_array_equal(hvd.allreduce([1.0, 2.0], op=hvd.Sum), [size, 2.0 * size])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_fused_results_are_separate_aligned_arrays_that_outlive_the_next_step(dtype, rank, size):
+    # Each large enough to come from the output pool, which starts results on 64-byte boundaries;
+    # float16 is accumulated in float32 and handed back converted.
+    counts = (20001, 32823, 30000)
+    steps = []
+    for step in range(2):
+        arrays = [rank_values(dtype, (count,), rank, 7 * step + index) for index, count in enumerate(counts)]
+        handles = [hvd.allreduce_async(array, name=f"fused.{dtype}.{index}", op=hvd.Sum)
+                   for index, array in enumerate(arrays)]
+        steps.append([hvd.synchronize(handle) for handle in handles])
+    for step, results in enumerate(steps):  # the first step's results survive the second's
+        for index, (count, result) in enumerate(zip(counts, results)):
+            expected = sum(rank_values(dtype, (count,), r, 7 * step + index).astype(np.float64) for r in range(size))
+            assert result.dtype == np.dtype(dtype) and result.shape == (count,)
+            assert result.__array_interface__["data"][0] % 64 == 0
+            tolerance = {"rtol": 1e-2, "atol": 2e-2} if dtype == "float16" else {"rtol": 1e-5, "atol": 1e-5}
+            np.testing.assert_allclose(result, expected, **tolerance)
+    results = steps[0]
+    results[0][:] = 0  # separate memory: writing one result leaves the others alone
+    assert results[1].any() and results[2].any()
+
+
 def test_allreduce_non_contiguous_input(rank, size):
     base = rank_values("float64", (6, 4), rank, 13)
     result = hvd.allreduce(base[::2, ::2], op=hvd.Sum)

@@ -14,9 +14,9 @@ import math
 import numpy as np
 
 from ...common.dtypes import accumulation_dtype, dtype_name
-from ...common.packed_members import members_of
 from ...common.reduce_ops import ReduceOp
 from ...common.scaling import scale_factor
+from ...comm.output_pool import aligned_layout
 from ..protocol import Collective, GroupLayout
 from ..timeline import now_us
 from .reductions import reduction_plan
@@ -89,25 +89,17 @@ def _allreduce_packed(algorithms, batch, payloads, fusion_buffer, scaling, timel
     packed = now_us()
     algorithms.allreduce_in_place(flat, *scaling, algorithm=algorithms.engine_algorithm)
     reduced = now_us()
-    # Results without an output of their own are views of one copy of the buffer, made at
-    # once when they share its dtype, into a block of the output pool (see _fresh_outputs).
-    owned = None
-    if all(p is not JOINED and p[1] is None and p[0].dtype == flat.dtype for p in payloads):
-        owned = algorithms.outputs.empty(flat.shape, flat.dtype)
-        np.copyto(owned, flat)
+    fresh = _fresh_outputs(algorithms, payloads)
     results, offset = [], 0
     for payload, count, request in zip(payloads, counts, batch.requests):
-        piece = (flat if owned is None else owned)[offset:offset + count].reshape(request.agree.shape)
+        piece = flat[offset:offset + count].reshape(request.agree.shape)
         offset += count
         if payload is JOINED:
             results.append(None)
-        elif owned is not None:
-            results.append(piece)
-        elif payload[1] is None:
-            results.append(piece.astype(payload[0].dtype))
-        else:
-            np.copyto(payload[1], piece, casting="unsafe")
-            results.append(payload[1])
+            continue
+        output = next(fresh) if payload[1] is None else payload[1]
+        np.copyto(output, piece, casting="unsafe")
+        results.append(output)
     if timeline is not None:
         done = now_us()
         for name in batch.names:
@@ -152,8 +144,8 @@ def _allreduce_in_shared_memory(algorithms, batch, payloads, scaling, timeline):
 
 
 def _fresh_outputs(algorithms, payloads):
-    """Outputs for the payloads that bring none, in order: views of one block from the
-    output pool, which recycles it once the caller drops them all. One block a batch, as a
+    """Outputs for the payloads that bring none, in order: aligned views of one block from
+    the output pool, which recycles it once the caller drops them all. One block a batch, as a
     pooled buffer whose pages are mapped already: a new array per tensor comes from the
     allocator, which returns each step's memory to the system and faults it in again."""
     wanting = [p[0] for p in payloads if p is not JOINED and not isinstance(p, Members) and p[1] is None]
@@ -161,8 +153,9 @@ def _fresh_outputs(algorithms, payloads):
         return iter(())
     if len({data.dtype for data in wanting}) > 1:
         return (algorithms.outputs.empty(data.shape, data.dtype) for data in wanting)
-    block = algorithms.outputs.empty((sum(data.size for data in wanting),), wanting[0].dtype)
-    return iter(members_of(block, [data.shape for data in wanting]))
+    starts, total = aligned_layout([data.size for data in wanting], wanting[0].dtype.itemsize)
+    block = algorithms.outputs.empty((total,), wanting[0].dtype)
+    return iter(block[start:start + data.size].reshape(data.shape) for start, data in zip(starts, wanting))
 
 
 def _joined_zeros(request):
