@@ -186,7 +186,9 @@ class CollectiveAlgorithms:
         if op == _AVERAGE or postscale_factor != 1.0:
             mpi_collectives.finish_reduction(result, op, postscale_factor, self.size)
         if output is None:
-            return result.reshape(array.shape).astype(array.dtype, copy=False)
+            if result.dtype == array.dtype:
+                return result.reshape(array.shape)
+            output = self.outputs.empty(array.shape, array.dtype)  # converted back into pooled memory
         if not same_memory(result, output):
             np.copyto(output, result.reshape(array.shape), casting="unsafe")
         return output

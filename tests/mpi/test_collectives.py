@@ -90,9 +90,10 @@ def test_allreduce_leaves_input_untouched_and_accepts_lists(rank, size):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_fused_results_are_separate_aligned_arrays_that_outlive_the_next_step(dtype, rank, size):
-    # Each large enough to come from the output pool, which starts results on 64-byte boundaries;
+    # Each large enough to come from the output pool (64 KiB and up, float16 too), which starts
+    # results on 64-byte boundaries, whether fused or (with a tiny fusion buffer) one by one;
     # float16 is accumulated in float32 and handed back converted.
-    counts = (20001, 32823, 30000)
+    counts = (40001, 65623, 50000)
     steps = []
     for step in range(2):
         arrays = [rank_values(dtype, (count,), rank, 7 * step + index) for index, count in enumerate(counts)]
