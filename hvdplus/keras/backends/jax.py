@@ -66,12 +66,19 @@ def prepare_training():
 
 def splits_its_step(model) -> bool:
     """Whether `model` trains with Keras' own compiled step and hvdplus' optimizer, the step
-    that split_train_step reproduces."""
+    that split_train_step reproduces (from the trainer's parts it names, which a Keras
+    without them leaves to the host callback)."""
     from keras.src.backend.jax.trainer import JAXTrainer
 
     return (hasattr(model.optimizer, "_hvdplus_reduced") and model.jit_compile and not model.run_eagerly
             and type(model).train_step is JAXTrainer.train_step
+            and all(hasattr(model, part) for part in _TRAINER_PARTS)
+            and hasattr(model.optimizer, "_trainable_variables")
             and keras.distribution.distribution() is None and not keras.config.is_nnx_enabled())
+
+
+# What split_train_step takes from Keras' JAX trainer besides its public API.
+_TRAINER_PARTS = ("compute_loss_and_updates", "_update_metrics_variables", "_make_function")
 
 
 def split_train_step(model):
