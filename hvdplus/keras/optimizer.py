@@ -21,7 +21,7 @@ from ..common.mixed_classes import mixed_class
 from ..common.reduce_ops import Average
 from ..common.scaling import Reduction, gradient_reduction
 from ..core import runtime
-from ..core.process_sets import ProcessSet, global_process_set
+from ..core.process_sets import ProcessSet, global_process_set, is_job
 from . import backends
 from .compression import Compression
 from .mpi_ops import allreduce_gradients
@@ -44,9 +44,9 @@ class _DistributedOptimizer:
         if process_set is not None and not isinstance(process_set, ProcessSet):
             raise TypeError(f"DistributedOptimizer: process_set must be an hvdplus ProcessSet, "
                             f"got {type(process_set).__name__}")
-        if not _is_global(process_set):
+        if not is_job(process_set):
             process_set.size()  # ValueError now for a set that has not been added
-        self._hvdplus_process_set = None if _is_global(process_set) else process_set
+        self._hvdplus_process_set = None if is_job(process_set) else process_set
         self._hvdplus_compression = compression or Compression.none
         self._hvdplus_options = (op, gradient_predivide_factor, backward_passes_per_step, average_aggregated_gradients)
         if backward_passes_per_step > 1:
@@ -114,10 +114,6 @@ class _DistributedOptimizer:
             yield
         finally:
             self._hvdplus_reduced_by_caller = False
-
-
-def _is_global(process_set) -> bool:
-    return process_set is None or process_set.process_set_id == 0
 
 
 def distributed_class(optimizer_class):

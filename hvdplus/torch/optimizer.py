@@ -28,7 +28,7 @@ from ..common.scaling import gradient_reduction
 from ..common.sparse import gathered
 from ..core import runtime
 from ..core.join import JoinHook
-from ..core.process_sets import global_process_set, overlaps_in, size_in
+from ..core.process_sets import global_process_set, is_job, overlaps_in, size_in
 from .compression import Compression
 from .functions import broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
@@ -65,7 +65,7 @@ class _DistributedOptimizer:
         self._hvdplus_detach_from_reforms = runtime.on_reform(lambda: this() is not None and this()._hvdplus_reformed())
 
     def _hvdplus_reformed(self):
-        if _is_global(self._process_set):
+        if is_job(self._process_set):
             self._hvdplus_attach()
             return
         # Not raised here, where it would stop the job's re-forming: step() raises it.
@@ -283,13 +283,9 @@ class _DistributedOptimizer:
         return super().zero_grad(set_to_none)
 
 
-def _is_global(process_set) -> bool:
-    return process_set is None or process_set.process_set_id == 0
-
-
 def _averages_here(process_set) -> bool:
     """Whether this rank is in the set whose ranks average the gradients."""
-    return _is_global(process_set) or process_set.process_set_id is None or process_set.included()
+    return is_job(process_set) or process_set.process_set_id is None or process_set.included()
 
 
 class _TakeTheLastJoinersState(JoinHook):
