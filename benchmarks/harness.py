@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 
+import numpy as np
 from mpi4py import MPI
 
 from measured_commit import measured_commit
@@ -264,6 +265,27 @@ def _reproducing_command(ranks):
     elastic = ["--min-np", _ELASTIC_MIN_NP] if _ELASTIC_MIN_NP else []
     return " ".join(variables + ["hvdplusrun", "-np", str(ranks), *elastic, "python",
                                  shlex.join([script] + sys.argv[1:])])
+
+
+def mpi4py_average(*arrays, comm=MPI.COMM_WORLD):
+    """The naive peer's all-reduce: each array averaged by its own mpi4py call, into new
+    arrays (what a plain loop in a host function does; JAX hands a callback its own arrays)."""
+    averaged = []
+    for array in arrays:
+        array = np.asarray(array)
+        result = np.empty_like(array)
+        comm.Allreduce(array, result)
+        result /= comm.Get_size()
+        averaged.append(result)
+    return averaged
+
+
+def mpi4py_average_in_place(arrays, comm=MPI.COMM_WORLD):
+    """The naive peer's all-reduce where the gradients may be overwritten (torch's .grad, as
+    numpy views): each averaged in place by its own mpi4py call."""
+    for array in arrays:
+        comm.Allreduce(MPI.IN_PLACE, array)
+        array /= comm.Get_size()
 
 
 def ratio(results, run, baseline, times=1):

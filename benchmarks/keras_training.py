@@ -28,15 +28,12 @@ os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
 
 import hvdplus.keras as hvd  # noqa: E402
 from harness import (add_csv_option, array_batches, fit_runner, interleaved_throughputs,  # noqa: E402
-                     print_throughput_rows, ratio, throughput_rows, write_results)
+                     mpi4py_average, mpi4py_average_in_place, print_throughput_rows, ratio, throughput_rows,
+                     write_results)
 from keras_models import MODELS, start_ranks, synthetic_data  # noqa: E402
-
-WORLD = MPI.COMM_WORLD
 
 
 def fit_run(model, x, y, batch, participants):
@@ -52,26 +49,11 @@ def fit_run(model, x, y, batch, participants):
     return run, participants
 
 
-def mpi4py_average(*arrays):
-    """Each array all-reduced by mpi4py, one call each, and divided by the size: new arrays."""
-    averaged = []
-    for array in arrays:
-        array = np.asarray(array)  # JAX hands a callback its own arrays
-        result = np.empty_like(array)
-        WORLD.Allreduce(array, result)
-        result *= 1.0 / WORLD.Get_size()
-        averaged.append(result)
-    return averaged
-
-
 def naive_host_average(grads):
     """`grads` (what the backend's optimizer is handed) averaged by mpi4py_average on the host."""
     backend = keras.backend.backend()
     if backend == "torch":  # eager CPU tensors, the variables' own .grad: averaged in place
-        for grad in grads:
-            array = grad.numpy()
-            WORLD.Allreduce(MPI.IN_PLACE, array)
-            array *= 1.0 / WORLD.Get_size()
+        mpi4py_average_in_place([grad.numpy() for grad in grads])
         return grads
     if backend == "tensorflow":
         import tensorflow as tf

@@ -46,7 +46,7 @@ os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from harness import (add_csv_option, array_batches, fit_runner, interleaved_throughputs,  # noqa: E402
-                     print_throughput_rows, ratio, throughput, throughput_rows, write_results)
+                     mpi4py_average, print_throughput_rows, ratio, throughput, throughput_rows, write_results)
 from mpi4py import MPI  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
@@ -88,7 +88,6 @@ ARGS = parse_args()
 set_tf_config(WORLD)  # before TensorFlow starts
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdplus.tensorflow as hvd  # noqa: E402
@@ -143,15 +142,6 @@ def per_replica_batches(strategy, x, y, batch):
         return {"x": strategy.distribute_datasets_from_function(dataset, options), "shuffle": False}
 
     return data_for
-
-
-def mpi4py_average(*grads):
-    """(f)'s all-reduce, in numpy: each gradient on its own, as a plain loop would."""
-    results = [np.empty_like(grad) for grad in grads]
-    for grad, result in zip(grads, results):
-        WORLD.Allreduce(grad, result)
-        result /= WORLD.Get_size()
-    return results
 
 
 def gradient_tape_loop(build_model, x, y, reduce=None):

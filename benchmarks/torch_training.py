@@ -19,8 +19,8 @@ import torch
 from mpi4py import MPI
 
 import hvdplus.torch as hvd
-from harness import (add_csv_option, init_gloo, interleaved_throughputs, print_throughput_rows, ratio,
-                     throughput_rows, write_results)
+from harness import (add_csv_option, init_gloo, interleaved_throughputs, mpi4py_average_in_place,
+                     print_throughput_rows, ratio, throughput_rows, write_results)
 
 WORLD = MPI.COMM_WORLD
 
@@ -72,9 +72,7 @@ def train_steps(model, optimizer, data, target, steps, after_backward=None):
 
 def mpi4py_average(model):
     """The issue's naive peer: each gradient all-reduced by mpi4py after backward, one by one."""
-    for p in model.parameters():
-        WORLD.Allreduce(MPI.IN_PLACE, p.grad.numpy())
-        p.grad.div_(WORLD.Get_size())
+    mpi4py_average_in_place([p.grad.numpy() for p in model.parameters()])
 
 
 def measure(name, steps):
