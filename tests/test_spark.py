@@ -4,6 +4,7 @@ torch DistributedOptimizer equal to one process, a stage Spark cannot place fail
 timeout, and a raising rank failing the call with its traceback, with no process left behind."""
 
 import os
+import subprocess
 import sys
 import time
 
@@ -133,6 +134,18 @@ def test_torch_estimator_learns_the_digits_from_a_dataframe_and_resumes_from_the
     with torch.no_grad():
         np.testing.assert_allclose(model.getModel()(features).numpy(), np.stack(predicted["label__output"]),
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_the_torch_estimator_example_learns_the_digits_and_ends_quietly(tmp_path):
+    # A Spark of its own, as a user's run of the example starts: its Python workers write to its stderr.
+    result = subprocess.run([sys.executable, os.path.join(EXAMPLES, "spark_torch_estimator.py"), "--store",
+                             str(tmp_path / "store")], capture_output=True, text=True, timeout=150)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert float(result.stdout.split("test accuracy")[1].split()[0]) >= 0.9, output[-6000:]
+    # No Python worker was cut off mid-output (a traceback of pyspark's daemon), and the pandas
+    # installed is one that pyspark supports.
+    assert "Traceback" not in output and "does not yet fully support pandas" not in output, output[-6000:]
 
 
 def test_the_spark_run_example_learns_the_digits_on_every_rank(spark):

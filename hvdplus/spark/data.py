@@ -9,7 +9,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-__all__ = ["columns_as_array", "labels_as_array", "read_arrays", "read_share"]
+__all__ = ["columns_as_array", "labels_as_array", "read_arrays", "read_first_features", "read_share"]
 
 
 def columns_as_array(table, columns: Sequence[str]) -> np.ndarray:
@@ -58,3 +58,11 @@ def read_arrays(path: str, rank: int, size: int, feature_cols: Sequence[str], la
     `labels_as_array` give them."""
     table = read_share(path, rank, size, list(feature_cols) + list(label_cols))
     return columns_as_array(table, feature_cols), labels_as_array(table, label_cols)
+
+
+def read_first_features(path: str, feature_cols: Sequence[str]) -> np.ndarray:
+    """The features of the first row of the Parquet files under `path`, as `columns_as_array`
+    gives them; no more of the files is read than that row."""
+    import pyarrow.dataset as ds
+
+    return columns_as_array(ds.dataset(path, format="parquet").head(1, columns=list(feature_cols)), feature_cols)

@@ -14,7 +14,7 @@ from pyspark.ml import Model
 from pyspark.sql import functions
 from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
-from .data import columns_as_array
+from .data import columns_as_array, read_first_features
 from .store import Store
 
 __all__ = ["Estimator", "EstimatorModel"]
@@ -71,11 +71,16 @@ class Estimator:
         train.repartition(partitions).write.mode("overwrite").parquet(self.store.spark_path(train_path))
         if validation is not None:
             validation.repartition(partitions).write.mode("overwrite").parquet(self.store.spark_path(val_path))
-        return self._train(run_id, train_path, val_path if validation is not None else None)
+        return self._fit(run_id, train_path, val_path if validation is not None else None)
 
     def fit_on_parquet(self, train_path: str, validation_path: Optional[str] = None) -> "EstimatorModel":
         """Train on Parquet data already written (feature and label columns as `fit` writes them)."""
-        return self._train(self._run_id(), train_path, validation_path)
+        return self._fit(self._run_id(), train_path, validation_path)
+
+    def _fit(self, run_id: str, train_path: str, val_path: Optional[str]) -> "EstimatorModel":
+        model = self._train(run_id, train_path, val_path)
+        model._learn_output_width(read_first_features(train_path, self.feature_cols))
+        return model
 
     def _train(self, run_id: str, train_path: str, val_path: Optional[str]) -> "EstimatorModel":
         raise NotImplementedError
@@ -124,6 +129,7 @@ class EstimatorModel(Model):
         super().__init__()
         self._model, self._feature_cols, self._label_cols = model, list(feature_cols), list(label_cols)
         self._history, self._run_id = history, run_id
+        self._output_width: Optional[int] = None  # learned by the estimator's fit
 
     def getModel(self):
         return self._model
@@ -142,11 +148,19 @@ class EstimatorModel(Model):
         each; it runs in Spark's executors."""
         raise NotImplementedError
 
+    def _learn_output_width(self, features: np.ndarray) -> None:
+        """How many numbers the model gives for a row, from its output for `features` (rows of
+        the training data): `transform` declares its columns with it, since a query of the
+        DataFrame's first row would cut off the Python workers its rows may come from (local
+        rows, a Python UDF), each cut a BrokenPipeError traceback of pyspark's daemon."""
+        self._output_width = int(np.asarray(self._predictor()(features)).reshape(len(features), -1).shape[1])
+
     def _transform(self, dataset):
-        predict_rows, features = self._predictor(), self._feature_cols
+        predict_rows, features, width = self._predictor(), self._feature_cols, self._output_width
+        if width is None:  # a model no fit of this process made: its output for the first row says
+            first = dataset.select(*features).limit(1).toPandas()
+            width = int(predict_rows(columns_as_array(first, features)).reshape(len(first), -1).shape[1])
         outputs = [f"{label}__output" for label in self._label_cols]
-        first = dataset.select(*features).limit(1).toPandas()
-        width = int(predict_rows(columns_as_array(first, features)).reshape(len(first), -1).shape[1])
         kind = ArrayType(DoubleType()) if width > 1 else DoubleType()
         schema = StructType(dataset.schema.fields + [StructField(name, kind) for name in outputs])
 
