@@ -70,7 +70,7 @@ def _without_option(args, names):
 
 @pytest.fixture(scope="session")
 def mpich_python(tmp_path_factory):
-    """The python of MPICH's environment (tests/testkit/mpich.py), built once per run in CI."""
+    """The python of MPICH's environment (tests/testkit/mpich.py), built once per run."""
     python, reason = mpich_python_or_skip_reason(str(tmp_path_factory.mktemp("mpich")))
     if python is None:
         pytest.skip(reason)

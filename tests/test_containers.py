@@ -68,6 +68,16 @@ def test_distributed_optimizer_across_containers_trains_like_one_process(hosts):
         assert f"trained {rank} on {host}" in result.stdout, output
 
 
+def test_a_200_mb_argument_and_results_cross_containers_that_share_no_files(hosts):
+    nodes = hosts(3)
+    # Rank 0 on the second container: the argument leaves the caller's (the first) over the network.
+    order = nodes.names[1:] + nodes.names[:1]
+    result = nodes.run("python", "/jobs/large_payload_job.py", "3", "200", ",".join(f"{name}:1" for name in order),
+                       timeout=300)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["hosts"] == order
+
+
 def test_an_elastic_job_across_containers_goes_on_without_a_dead_rank(hosts):
     nodes = hosts(3, mounts={os.path.join(cluster.REPO, "tests", "elastic_jobs"): "/elastic"})
     # The rank on the third container kills itself at step 5; the two others re-form the job

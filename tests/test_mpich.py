@@ -21,7 +21,7 @@ from testkit.stopping import assert_stops_at_once, start_committing, start_stepp
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
-@pytest.mark.timeout(900)  # the first test builds the environment in CI
+@pytest.mark.timeout(900)  # the first test builds the environment
 def test_hvdplusrun_finds_mpich_there(mpich_python):
     env = dict(os.environ, **mpich_job_env(mpich_python))
     result = subprocess.run([mpich_python, "-m", "hvdplus.runner", "--check-build"], cwd=REPO, env=env,

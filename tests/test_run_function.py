@@ -129,14 +129,30 @@ def test_a_job_on_mpich(mpich_python):
     assert json.loads(result.stdout.strip().splitlines()[-1])[1]["greeting"] == "hello from rank 1 of 2"
 
 
+def test_a_large_argument_on_mpich(mpich_python):
+    result = subprocess.run([mpich_python, os.path.join(REPO, "tests", "containers", "large_payload_job.py"), "3",
+                             "20"], cwd=REPO, capture_output=True, text=True, timeout=100,
+                            env=dict(os.environ, **mpich_job_env(mpich_python)))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert len(json.loads(result.stdout.strip().splitlines()[-1])["hosts"]) == 3
+
+
 def test_launcher_options_go_by_their_names():
     def nothing():
         return None
 
     with pytest.raises(TypeError, match="unexpected keyword argument 'fusion_treshold_mb'.*fusion_threshold_mb"):
         hvdplus.run(nothing, np=2, fusion_treshold_mb=32)
-    with pytest.raises(ValueError, match="pass large data by a path"):
-        hvdplus.run(nothing, args=(np.zeros(1 << 18),), np=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_200_mb_argument_reaches_every_rank_and_200_mb_results_come_back_whole():
+    # Far past what the ranks' environment holds: the argument is served to rank 0 and broadcast.
+    result = subprocess.run([sys.executable, os.path.join(REPO, "tests", "containers", "large_payload_job.py"),
+                             "2", "200"], cwd=REPO, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert len(json.loads(result.stdout.strip().splitlines()[-1])["hosts"]) == 2
 
 
 def test_horovod_run_is_hvdplus_run_through_the_alias():

@@ -1,29 +1,34 @@
-"""How `hvdplus.run` hands the function to call, and its arguments, to every rank: cloudpickled
-bytes in base64, in environment variables that mpirun passes to every host
-(HVDPLUS_RUN_PAYLOAD_0, _1, ...). Open MPI 5 does not pass a pipe on mpirun's standard input
-to rank 0 (the rank never reads its end), and no file is shared with other hosts, so the
-variables are the one way that reaches every rank. Linux takes up to 128 KiB in one variable
-and a few MiB in all of them, so the payload has a limit: pass large data by a path or a URL
-the ranks read, not as an argument.
+"""How `hvdplus.run` hands the function to call, and its arguments, to every rank, when they
+are small: cloudpickled bytes in base64, in environment variables that mpirun passes to every
+host (HVDPLUS_RUN_PAYLOAD_0, _1, ...), with no port and no shared file. Linux takes at most
+128 KiB in one variable and a few MiB in all of a process's, so anything over
+ENVIRONMENT_BYTES (a data set passed as an argument) goes through the job's channel instead
+(payload_channel).
 """
 
 import base64
 from typing import Dict, Mapping
 
-__all__ = ["MAX_BYTES", "to_environment", "from_environment"]
+__all__ = ["ENVIRONMENT_BYTES", "to_environment", "in_environment", "from_environment"]
 
 _PREFIX = "HVDPLUS_RUN_PAYLOAD_"
 _PIECE_CHARS = 96 * 1024
-MAX_BYTES = 1 << 20
+# Kept well under what an environment holds: every process of the job carries it.
+ENVIRONMENT_BYTES = 256 * 1024
 
 
 def to_environment(payload: bytes) -> Dict[str, str]:
-    if len(payload) > MAX_BYTES:
-        raise ValueError(f"the function and its arguments take {len(payload)} bytes pickled, more than the "
-                         f"{MAX_BYTES} that reach the ranks: pass large data by a path the ranks read")
+    if len(payload) > ENVIRONMENT_BYTES:
+        raise ValueError(f"{len(payload)} bytes are more than the {ENVIRONMENT_BYTES} that the ranks' "
+                         "environment carries: serve them through the job's channel (payload_channel)")
     encoded = base64.b64encode(payload).decode()
     pieces = [encoded[at:at + _PIECE_CHARS] for at in range(0, len(encoded), _PIECE_CHARS)] or [""]
     return {f"{_PREFIX}{index}": piece for index, piece in enumerate(pieces)}
+
+
+def in_environment(environ: Mapping[str, str]) -> bool:
+    """Whether `environ` holds the payload itself (else the job's channel serves it)."""
+    return f"{_PREFIX}0" in environ
 
 
 def from_environment(environ: Mapping[str, str]) -> bytes:

@@ -16,14 +16,15 @@ by hand, the marked command still prints readable `[0] ` tags), and `str.splitli
 not split at; one in a rank's output that does not open a whole marker is kept as data.
 """
 
+import codecs
 import os
 import re
 import threading
-from typing import BinaryIO, Callable, Dict, List, Optional
+from typing import BinaryIO, Callable, Dict, List, Optional, TextIO
 
 from ..common.launcher_messages import MessageFilter
 
-__all__ = ["MARKER_PATTERN", "RankLineTagger", "start_relay", "write_output"]
+__all__ = ["MARKER_PATTERN", "RankLineTagger", "binary_target", "start_relay", "write_output"]
 
 # Hydra replaces %r with the rank.
 MARKER_PATTERN = "\x1f[%r] \x1f"
@@ -132,6 +133,31 @@ class RankLineTagger:
         self._rank, end = found
         self._pending = self._pending[end:]
         return True
+
+
+class _TextTarget:
+    """Takes bytes for a text stream that has no binary buffer under it: a Jupyter kernel's
+    `sys.stdout`, or one that `contextlib.redirect_stdout` put in place. A character that
+    one read cut in two is decoded whole, with the next read."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def write(self, data: bytes) -> None:
+        text = self._decoder.decode(data)
+        if text:
+            self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def binary_target(stream: TextIO) -> BinaryIO:
+    """Where the relays write what is meant for `stream` (sys.stdout, sys.stderr): its binary
+    buffer, or, for a stream without one, the stream itself through a decoder."""
+    buffer = getattr(stream, "buffer", None)
+    return buffer if buffer is not None else _TextTarget(stream)
 
 
 def write_output(target: BinaryIO, data: bytes) -> bool:

@@ -1,0 +1,242 @@
+"""Large payloads between the process that started a job and its ranks, both ways, over a
+port that answers only the job's own ranks.
+
+`hvdplus.run` hands every rank the function to call and its arguments, and gets back what each
+rank returned. Small ones ride in environment variables and in lines of the ranks' output
+(function_payload, hvdplus.run_rank). Large ones (a data set passed as an argument, a model's
+weights returned) go through the job's `JobChannel`, a server in the launching process for as
+long as the job runs: rank 0 of each launch fetches the payload and broadcasts it to the others
+over MPI, so it crosses the network once, and a rank posts a large result there, then names it
+in a line of its output. Open MPI 5's mpirun does not hand a pipe on its standard input to rank
+0, drops the end of a remote rank's output that is large when the job ends, and no file is
+shared with other hosts: a port is the channel left that reaches every rank wherever it runs.
+
+The port is guarded by a key of the job's (256 random bits, which reach the ranks in their
+environment through mpirun, never on a command line): each side proves it holds the key by an
+HMAC-SHA256 of a challenge the other side chose, before a byte of a payload moves, and the
+served payload's SHA-256 digest, which travels beside the key, is checked on arrival. The
+server listens on the loopback interface when every rank runs on this machine, on every
+interface otherwise, and closes when the job ends.
+
+    with JobChannel(payload, local_only=True) as channel:
+        env = channel.env             # for the ranks' environment
+        ...                           # rank 0 calls fetch(os.environ); a rank post(os.environ, data)
+        data = channel.taken(token)   # what a rank posted, by the token it named
+"""
+
+import hashlib
+import hmac
+import secrets
+import socket
+import struct
+import threading
+from typing import Callable, Dict, List, Mapping, Optional, TypeVar
+
+__all__ = ["JobChannel", "fetch", "post", "has_channel", "local_addresses"]
+
+ADDRESSES_ENV = "HVDPLUS_RUN_CHANNEL"
+KEY_ENV = "HVDPLUS_RUN_CHANNEL_KEY"
+DIGEST_ENV = "HVDPLUS_RUN_PAYLOAD_SHA256"
+SIZE_ENV = "HVDPLUS_RUN_PAYLOAD_BYTES"
+
+_NONCE_BYTES = 32
+_SERVER_PROOF = b"hvdplus payload server"
+_CLIENT_PROOF = b"hvdplus payload client"
+_SIZE = struct.Struct("!Q")
+_FETCH, _POST, _POSTED = b"F", b"P", b"K"
+_TOKEN_BYTES = 16
+# A peer that has proved nothing within this long is dropped; an address that does not
+# answer within the connect timeout is passed over for the next one.
+_HANDSHAKE_SECONDS = 30.0
+_CONNECT_SECONDS = 5.0
+_CHUNK_BYTES = 4 << 20
+_SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
+T = TypeVar("T")
+
+
+def _proof(key: bytes, role: bytes, nonce: bytes) -> bytes:
+    return hmac.new(key, role + nonce, hashlib.sha256).digest()
+
+
+def _receive_exactly(connection: socket.socket, count: int) -> bytearray:
+    data = bytearray(count)
+    view = memoryview(data)
+    got = 0
+    while got < count:
+        received = connection.recv_into(view[got:], min(count - got, _CHUNK_BYTES))
+        if not received:
+            raise ConnectionError(f"the connection ended after {got} of {count} bytes")
+        got += received
+    return data
+
+
+def local_addresses() -> List[str]:
+    """This machine's IPv4 addresses, loopback first: the ones a rank may reach the server at."""
+    found = ["127.0.0.1"]
+    try:
+        import fcntl  # Linux and the other Unixes; elsewhere the host name's addresses below
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with probe:
+            for _, name in socket.if_nameindex():
+                try:
+                    reply = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+                except OSError:
+                    continue  # an interface without an IPv4 address
+                found.append(socket.inet_ntoa(reply[20:24]))
+    except (ImportError, OSError):
+        pass
+    try:
+        found += socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        pass
+    return list(dict.fromkeys(found))
+
+
+class JobChannel:
+    """Serves `payload` (None: nothing to fetch) to whoever proves it holds the job's key, and
+    keeps what such a peer posts, until closed.
+
+    Args:
+        payload: the bytes rank 0 fetches, or None when they reach the ranks otherwise.
+        local_only: every rank runs on this machine: listen on the loopback interface only.
+    """
+
+    def __init__(self, payload: Optional[bytes], local_only: bool):
+        self._payload = payload
+        self._key = secrets.token_bytes(32)
+        self._posted: Dict[bytes, bytearray] = {}
+        self._lock = threading.Lock()
+        self._socket = socket.create_server(("127.0.0.1" if local_only else "0.0.0.0", 0), backlog=64)
+        port = self._socket.getsockname()[1]
+        addresses = ["127.0.0.1"] if local_only else local_addresses()
+        self.env: Dict[str, str] = {
+            ADDRESSES_ENV: ",".join(f"{address}:{port}" for address in addresses), KEY_ENV: self._key.hex(),
+        }
+        if payload is not None:
+            self.env.update({DIGEST_ENV: hashlib.sha256(payload).hexdigest(), SIZE_ENV: str(len(payload))})
+        self._thread = threading.Thread(target=self._serve, name="hvdplus-job-channel", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> "JobChannel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop listening; a transfer under way goes on to its end."""
+        try:
+            self._socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._socket.close()
+        self._thread.join(timeout=5)
+
+    def taken(self, token: str) -> bytearray:
+        """What a rank posted under `token` (KeyError: nothing), given once."""
+        with self._lock:
+            return self._posted.pop(bytes.fromhex(token))
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._answer, args=(connection,), name="hvdplus-job-channel-peer",
+                             daemon=True).start()
+
+    def _answer(self, connection: socket.socket) -> None:
+        with connection:
+            try:
+                connection.settimeout(_HANDSHAKE_SECONDS)
+                their_nonce = _receive_exactly(connection, _NONCE_BYTES)
+                our_nonce = secrets.token_bytes(_NONCE_BYTES)
+                connection.sendall(our_nonce + _proof(self._key, _SERVER_PROOF, their_nonce))
+                proof = _receive_exactly(connection, hashlib.sha256().digest_size)
+                if not hmac.compare_digest(proof, _proof(self._key, _CLIENT_PROOF, our_nonce)):
+                    return  # not one of the job's ranks: it gets nothing
+                request = _receive_exactly(connection, 1)
+                connection.settimeout(None)
+                if request == _FETCH and self._payload is not None:
+                    connection.sendall(_SIZE.pack(len(self._payload)))
+                    connection.sendall(memoryview(self._payload))
+                elif request == _POST:
+                    token = bytes(_receive_exactly(connection, _TOKEN_BYTES))
+                    (size,) = _SIZE.unpack(_receive_exactly(connection, _SIZE.size))
+                    data = _receive_exactly(connection, size)
+                    with self._lock:
+                        self._posted[token] = data
+                    connection.sendall(_POSTED)
+            except OSError:
+                return  # the peer went away; a rank that did reports it itself
+
+
+def has_channel(environ: Mapping[str, str]) -> bool:
+    """Whether `environ` names a job's channel."""
+    return ADDRESSES_ENV in environ
+
+
+def _connected(address: str, key: bytes) -> socket.socket:
+    """A connection to the channel at `address`, each side's proof of the key given."""
+    host, port = address.rsplit(":", 1)
+    connection = socket.create_connection((host, int(port)), timeout=_CONNECT_SECONDS)
+    try:
+        connection.settimeout(_HANDSHAKE_SECONDS)
+        our_nonce = secrets.token_bytes(_NONCE_BYTES)
+        connection.sendall(our_nonce)
+        their_nonce = _receive_exactly(connection, _NONCE_BYTES)
+        proof = _receive_exactly(connection, hashlib.sha256().digest_size)
+        if not hmac.compare_digest(proof, _proof(key, _SERVER_PROOF, our_nonce)):
+            raise ConnectionError("the server there does not hold this job's key")
+        connection.sendall(_proof(key, _CLIENT_PROOF, their_nonce))
+        connection.settimeout(None)
+        return connection
+    except BaseException:
+        connection.close()
+        raise
+
+
+def _exchange(environ: Mapping[str, str], talk: Callable[[socket.socket], T]) -> T:
+    """`talk` over a connection to the channel that `environ` names, at the first of its
+    addresses that answers (the launcher's machine may be this one, or reached on one of its
+    networks)."""
+    key = bytes.fromhex(environ[KEY_ENV])
+    failures = []
+    for address in environ[ADDRESSES_ENV].split(","):
+        try:
+            connection = _connected(address, key)
+        except (OSError, ValueError) as error:
+            failures.append(f"{address}: {error}")
+            continue
+        with connection:
+            return talk(connection)
+    raise ConnectionError(f"no address of the process that started the job answered ({'; '.join(failures)})")
+
+
+def fetch(environ: Mapping[str, str]) -> bytearray:
+    """The payload served to the job, its digest checked."""
+
+    def fetch_payload(connection: socket.socket) -> bytearray:
+        connection.sendall(_FETCH)
+        (size,) = _SIZE.unpack(_receive_exactly(connection, _SIZE.size))
+        return _receive_exactly(connection, size)
+
+    payload = _exchange(environ, fetch_payload)
+    if len(payload) != int(environ[SIZE_ENV]) or hashlib.sha256(payload).hexdigest() != environ[DIGEST_ENV]:
+        raise ConnectionError("the function and its arguments arrived damaged: their SHA-256 digest differs")
+    return payload
+
+
+def post(environ: Mapping[str, str], data: bytes) -> str:
+    """Hand `data` to the process that started the job; the token that names it there (`taken`)."""
+    token = secrets.token_bytes(_TOKEN_BYTES)
+
+    def post_data(connection: socket.socket) -> None:
+        connection.sendall(_POST + token + _SIZE.pack(len(data)))
+        connection.sendall(memoryview(data))
+        if _receive_exactly(connection, 1) != _POSTED:
+            raise ConnectionError("the process that started the job did not take the data")
+
+    _exchange(environ, post_data)
+    return token.hex()
