@@ -2,6 +2,7 @@
 form of start: a script, `-m module` and `-c code`, under hvdplusrun and horovodrun."""
 
 import os
+import socket
 import sys
 
 import pytest
@@ -47,6 +48,8 @@ def test_a_rank_exiting_with_an_error_ends_the_job_within_seconds(mpi_job, launc
     seconds = seconds_since_leaving(result.stdout)
     assert result.returncode == 3, result.stderr[-3000:]
     assert seconds < END_SECONDS, f"the job ended {seconds:.1f} s after rank {leaver} left"
+    # The launcher's summary names the rank and its status (hvdplus.runner.failure_summary).
+    assert f"rank {leaver} on host {socket.gethostname()}: exited with status 3" in result.stderr, result.stderr
 
 
 @pytest.mark.mpi

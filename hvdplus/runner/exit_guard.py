@@ -13,20 +13,53 @@ with its status, and mpirun ends the job (or, in an elastic job, the others re-f
 
 `hvdplusrun` starts Python programs through this module (command.guarded_command), unless
 given `--no-exit-guard`; nothing else imports it: `python -m` runs it fresh. Under a plain
-mpirun, name it in the command line as above. Uncaught exceptions keep their usual path
-(hvdplus' excepthook aborts the job after printing the traceback).
+mpirun, name it in the command line as above.
+
+An uncaught exception, under hvdplusrun, goes to the launcher instead of the terminal: the
+rank sends its report (hvdplus.common.rank_errors: host, exception, the user's line, the
+traceback without this module's and runpy's frames) and ends the job with MPI_Abort, and the
+launcher prints one summary of the failed job. A rank that exits with an error reports its
+status the same way. Under a plain mpirun the exception keeps its usual path (hvdplus'
+excepthook prints the traceback and aborts the job); under hvdplusrun's `--verbose` it takes
+that path after the report.
 """
 
 import os
 import runpy
 import sys
+import time
 import types
+from typing import Optional
+
+from ..common import launcher_messages, rank_errors
 
 __all__ = ["main"]
 
 def _mpi_is_running() -> bool:
     mpi = sys.modules.get("mpi4py.MPI")  # never imported here: only looked at if the rank did
     return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+
+
+def _reporting_rank() -> Optional[int]:
+    """This rank's number where the launcher collects the ranks' failures; None where none does."""
+    return rank_errors.rank_in_job() if rank_errors.report_mode() is not None else None
+
+
+def _report(failure: rank_errors.RankFailure) -> None:
+    launcher_messages.send(failure.to_message())
+    if _mpi_is_running():
+        # MPI_Abort, or mpirun noticing the exit, may end this process before mpirun has read it.
+        time.sleep(rank_errors.DELIVERY_SECONDS)
+
+
+def _abort_job(status: int) -> None:
+    """End this rank with `status` and, where its MPI runs, the whole job (MPI_Abort), as hvdplus'
+    excepthook does: the other ranks may wait for this one in a collective."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _mpi_is_running():
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(status)
+    raise SystemExit(status)
 
 
 def _status(code) -> int:
@@ -68,11 +101,22 @@ def main(argv=None) -> None:
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exit:
         status = _status(exit.code)
+        rank = _reporting_rank()
+        if status != 0 and rank is not None:
+            _report(rank_errors.exit_report(rank, status, "" if isinstance(exit.code, int) else str(exit.code)))
         if status != 0 and _mpi_is_running():
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(status)
         raise
+    except Exception as error:
+        rank = _reporting_rank()
+        if rank is None:
+            raise
+        _report(rank_errors.raised_report(error, rank, exit_code=1))
+        if rank_errors.report_mode() == rank_errors.SEND_AND_PRINT:
+            raise  # printed, and the job aborted, as without a launcher
+        _abort_job(1)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 Everything after the launcher's own flags (or after `--`) is the command each rank runs.
 The exit status is mpirun's: non-zero when any rank failed, 128+N when the launcher was
 stopped by signal N (SIGINT, SIGTERM: the job ends, and an elastic one is not restarted),
-2 when no job could be started.
+2 when no job could be started. A failed job ends with one summary of what its ranks
+reported (failure_summary).
 """
 
 import argparse
@@ -18,6 +19,7 @@ import sys
 import tempfile
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..common import rank_errors
 from ..version import __version__
 from . import check_build, horovod_flags
 from .command import (
@@ -25,6 +27,7 @@ from .command import (
 )
 from .elastic import ElasticOptions, HostDiscovery, run_elastic
 from .errors import LaunchError
+from .failure_summary import FailureReport
 from .hosts import Host, on_this_machine, parse_host_list, read_hostfile, total_slots
 from .lost_hosts import OPEN_MPI_LOST_HOST_MARKERS
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
@@ -73,7 +76,8 @@ def build_parser(prog: str = "hvdplusrun") -> argparse.ArgumentParser:
                         help="run a Python program as given, not through hvdplus.runner.exit_guard: a rank that "
                              "exits with an error then ends the job only when MPI notices")
     parser.add_argument("--verbose", action="store_true",
-                        help="print the mpirun command line before running it")
+                        help="print the mpirun command line before running it; when ranks fail, print their tracebacks "
+                             "and MPI's messages whole, not only the summary")
     parser.add_argument("--check-build", action="store_true",
                         help="show the MPI and frameworks this installation can use, and exit")
     add_tuning_arguments(parser)
@@ -112,7 +116,8 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -
     return args
 
 
-def _hosts(args: argparse.Namespace) -> List[Host]:
+def given_hosts(args: argparse.Namespace) -> List[Host]:
+    """The hosts that -H or --hostfile name; none for this machine alone."""
     if args.hosts:
         return parse_host_list(args.hosts)
     if args.hostfile:
@@ -145,16 +150,19 @@ def _is_elastic(args: argparse.Namespace) -> bool:
 class JobIO:
     """What a caller of `launch` from Python (hvdplus.run) exchanges with the job's ranks:
     their messages to it (launcher_messages) that are not the launcher's own, and variables
-    for them, passed to every host."""
+    for them, passed to every host. With `failures`, the ranks report their failures to it
+    instead of printing their tracebacks (hvdplus.common.rank_errors), and MPI's messages about
+    an abort are folded into one line each (abort_banners), unless --verbose."""
 
     on_message: Optional[Callable[[dict], None]] = None
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
+    failures: Optional[FailureReport] = None
 
 
 def launch(args: argparse.Namespace, io: Optional[JobIO] = None) -> int:
     """Start the job `args` describes and wait for it; return the exit status."""
     io = io or JobIO()
-    hosts = _hosts(args)
+    hosts = given_hosts(args)
     if _is_elastic(args):
         return _launch_elastic(args, hosts, io)
     num_proc = args.num_proc or total_slots(hosts)
@@ -214,6 +222,10 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
     output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
     if output_dir:
         dialect.prepare_output_dir(output_dir, num_proc)
+    # A rank whose output goes to a file prints its traceback there, as without a launcher.
+    env.pop(rank_errors.REPORT_ENV, None)
+    if io.failures is not None and not output_dir:
+        env[rank_errors.REPORT_ENV] = rank_errors.SEND_AND_PRINT if args.verbose else rank_errors.SEND
     with tempfile.TemporaryDirectory(prefix="hvdplusrun-") as workdir:
         hostfile = hostfile_given and args.hostfile and dialect.prepare_hostfile(args.hostfile, hosts, workdir)
         job = Job(
@@ -239,7 +251,20 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
         # An elastic launch must be over, every rank of it, before the next one starts.
         return run_supervised(argv, env, tag_lines=MARKER_PATTERN in argv, on_tick=on_tick,
                               lost_host_markers=watch, lost_hosts=lost_hosts, end_leftovers=fault_tolerant,
-                              on_message=io.on_message)
+                              on_message=_delivery(io), fold_abort_banners=io.failures is not None and not args.verbose)
+
+
+def _delivery(io: JobIO) -> Optional[Callable[[dict], None]]:
+    """Where the ranks' messages go: to `io.failures` those that report a failure, the rest to `io.on_message`."""
+    if io.failures is None:
+        return io.on_message
+    failures, on_message = io.failures, io.on_message
+
+    def deliver(message: dict) -> None:
+        if not failures.take(message) and on_message is not None:
+            on_message(message)
+
+    return deliver
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -> int:
@@ -250,8 +275,12 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hvdplusrun") -> int:
         if args.check_build:
             print(check_build.build_report())
             return 0
+        failures = FailureReport()
         with stopping_on_signals():
-            return launch(args)
+            status = launch(args, JobIO(failures=failures))
+        if status != 0 and failures.failures():
+            print(failures.summary(status, prefix=f"{prog}: "), file=sys.stderr, flush=True)
+        return status
     except Stopped as stop:
         print(f"{prog}: {stop}", file=sys.stderr, flush=True)
         return stop.exit_status

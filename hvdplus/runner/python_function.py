@@ -14,12 +14,12 @@ get back what each rank returned.
 The job starts through the same launcher as `hvdplusrun` (in this process), so hosts, elastic
 flags, tuning flags and MPICH behave the same; output comes tagged by rank. The function and its
 arguments travel cloudpickled in variables of the ranks' environment (function_payload), the
-ranks' results and errors in lines of their output (hvdplus.run_rank). No file is shared
-with the ranks.
+ranks' results and errors in lines of their output (hvdplus.run_rank); large ones go through
+the job's channel instead, a port of this process's that only the job's ranks can use
+(payload_channel). No file is shared with the ranks.
 """
 
 import base64
-import dataclasses
 import shlex
 import signal
 import sys
@@ -29,36 +29,27 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import cloudpickle
 
 from ..common import function_payload
+from ..common.payload_channel import JobChannel
+from ..common.rank_errors import RankFailure
+from .dynamic_code import restore_sources, source_files
 from .errors import LaunchError
-from .launch import JobIO, build_parser, launch, parse_args
+from .failure_summary import FailureReport, format_summary
+from .hosts import on_this_machine
+from .launch import JobIO, build_parser, given_hosts, launch, parse_args
 from .stop_signals import Stopped, stopping_on_signals
 
 __all__ = ["run", "run_with_launcher", "RanksRaisedError", "RankFailure"]
 
 
-@dataclasses.dataclass
-class RankFailure:
-    """What one rank raised: the exception's type name, its message and its traceback."""
-
-    rank: int
-    type: str
-    message: str
-    traceback: str
-
-
 class RanksRaisedError(RuntimeError):
     """Ranks of a job that `hvdplus.run` started raised; `failures` holds each one's
-    RankFailure, by rank."""
+    RankFailure (hvdplus.common.rank_errors: host, exception, the user's line, traceback), by
+    rank, the first reported first. Its message is the job's failure summary (failure_summary)."""
 
     def __init__(self, failures: Dict[int, RankFailure], status: int):
         self.failures = failures
         self.status = status
-        first = failures[min(failures)]
-        lines = [f"{len(failures)} of the job's ranks raised (ranks {sorted(failures)}); the job ended with "
-                 f"exit status {status}. Rank {first.rank}: {first.type}: {first.message}"]
-        for failure in failures.values():
-            lines.append(f"\n-- rank {failure.rank}'s traceback --\n{failure.traceback.rstrip()}")
-        super().__init__("\n".join(lines))
+        super().__init__(format_summary(failures, status, first=next(iter(failures))))
 
     def __reduce__(self):
         # Rebuilt from its own arguments, so that it travels (through Ray's object store).
@@ -66,31 +57,34 @@ class RanksRaisedError(RuntimeError):
 
 
 class _Results:
-    """The ranks' messages to the caller, as they arrive (from the launcher's output threads)."""
+    """The ranks' messages to the caller, as they arrive (from the launcher's output threads):
+    a result in pieces of the message lines, or, when large, posted to the job's `channel`
+    under the token its message names."""
 
-    def __init__(self):
+    def __init__(self, channel: JobChannel):
         self._lock = threading.Lock()
+        self._channel = channel
         self.pieces: Dict[int, Dict[int, str]] = {}
         self.expected: Dict[int, int] = {}
-        self.failures: Dict[int, RankFailure] = {}
+        self.posted: Dict[int, bytes] = {}
+        self.failures = FailureReport()  # the launcher hands it the ranks' errors (JobIO.failures)
 
     def take(self, message: dict) -> None:
         with self._lock:
             if "run_started" in message:  # a launch starts: what an earlier one returned is void
                 self.pieces.clear()
                 self.expected.clear()
+                self.posted.clear()
+            elif "result" in message and "posted" in message:
+                self.posted[int(message["result"])] = self._channel.taken(message["posted"])
             elif "result" in message:
                 rank = int(message["result"])
                 self.pieces.setdefault(rank, {})[int(message["piece"])] = message["data"]
                 self.expected[rank] = int(message["pieces"])
-            elif "error" in message:
-                rank = int(message["error"])
-                self.failures[rank] = RankFailure(rank, message.get("type", "Exception"),
-                                                  message.get("message", ""), message.get("traceback", ""))
 
     def values(self) -> Dict[int, Any]:
         """Each rank's returned value, for the ranks whose every piece arrived."""
-        values = {}
+        values = {rank: cloudpickle.loads(data) for rank, data in self.posted.items()}
         for rank, pieces in self.pieces.items():
             if len(pieces) == self.expected[rank]:
                 encoded = "".join(pieces[index] for index in range(len(pieces)))
@@ -161,20 +155,26 @@ def run_with_launcher(fn: Callable, args: Sequence, kwargs: Optional[Dict[str, A
                       env: Optional[Dict[str, str]]) -> List[Any]:
     """`run`, for a job that hvdplusrun's `flags` describe (hvdplus.ray adds its own)."""
     argv = flags + ["--no-exit-guard", sys.executable, "-m", "hvdplus.run_rank"]
-    payload = function_payload.to_environment(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))))
-    results = _Results()
-    io = JobIO(on_message=results.take, env={**(env or {}), **payload})
+    payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    served = len(payload) > function_payload.ENVIRONMENT_BYTES
+    launcher_args = parse_args(argv)
     try:
-        with stopping_on_signals():
-            status = launch(parse_args(argv), io)
+        with JobChannel(payload if served else None, on_this_machine(given_hosts(launcher_args))) as channel, \
+                stopping_on_signals():
+            results = _Results(channel)
+            ranks_env = {**(env or {}), **channel.env, **({} if served else function_payload.to_environment(payload))}
+            io = JobIO(on_message=results.take, env=ranks_env, failures=results.failures)
+            status = launch(launcher_args, io)
     except Stopped as stop:
         if stop.signum == signal.SIGINT:
             raise KeyboardInterrupt from None
         raise SystemExit(stop.exit_status) from None
     except LaunchError as error:
         raise RuntimeError(f"hvdplus.run could not start the job: {error}") from None
-    if results.failures:
-        raise RanksRaisedError(dict(sorted(results.failures.items())), status)
+    raised = results.failures.raised()
+    if raised:
+        files = source_files(fn)  # the ranks had `fn` without them (dynamic_code)
+        raise RanksRaisedError({rank: restore_sources(failure, files) for rank, failure in raised.items()}, status)
     values = results.values()
     if status != 0 or not values or sorted(values) != list(range(len(values))):
         raise RuntimeError(f"hvdplus.run: the job ended with exit status {status}, and returned from ranks "

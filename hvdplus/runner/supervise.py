@@ -19,8 +19,9 @@ import sys
 import time
 from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from .abort_banners import AbortBannerFolder
 from .lost_hosts import lost_host_names, start_watching_relay
-from .rank_output import start_relay
+from .rank_output import binary_target, start_relay
 from .stop_signals import Stopped, replace_handlers, restore_handlers
 
 __all__ = ["run_supervised", "exit_status", "kill_session", "KILL_AFTER_SECONDS"]
@@ -69,6 +70,7 @@ def run_supervised(
     tag_lines: bool = False, on_tick: Optional[Callable[[], None]] = None,
     lost_host_markers: Optional[Sequence[bytes]] = None, lost_hosts: Optional[List[str]] = None,
     end_leftovers: bool = False, on_message: Optional[Callable[[dict], None]] = None,
+    fold_abort_banners: bool = False,
 ) -> int:
     """Run `argv` to completion, forwarding SIGINT/SIGTERM; return the launcher's exit status,
     or raise `Stopped` once mpirun's session is gone when the launcher received a signal.
@@ -88,9 +90,10 @@ def run_supervised(
             is over when this returns.
         on_message: called with each message of the ranks to the launcher (launcher_messages),
             which their output then goes without; None passes such lines on as they are.
+        fold_abort_banners: write MPI's messages about an abort as one line each (abort_banners).
     """
     watched = lost_host_markers is not None and not tag_lines
-    pipe = subprocess.PIPE if tag_lines or watched or on_message is not None else None
+    pipe = subprocess.PIPE if tag_lines or watched or on_message is not None or fold_abort_banners else None
     received: List[Tuple[int, float]] = []  # (signal, when), first one first
     child = None
 
@@ -101,19 +104,24 @@ def run_supervised(
 
     # In place before mpirun starts, so that no signal finds the launcher between the two.
     previous = replace_handlers(forward)
-    relays = []
+    relays, folders = [], []
     try:
         child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe, stderr=pipe)
         if received:
             child.send_signal(received[0][0])
+        # Looked up now, not at import: a notebook's kernel puts in streams of its own per cell.
+        stdout, stderr = binary_target(sys.stdout), binary_target(sys.stderr)
+        if fold_abort_banners:
+            folders = [AbortBannerFolder(stdout), AbortBannerFolder(stderr)]
+            stdout, stderr = folders
         if tag_lines:
-            relays = [start_relay(child.stdout, sys.stdout.buffer, on_message),
-                      start_relay(child.stderr, sys.stderr.buffer, on_message)]
+            relays = [start_relay(child.stdout, stdout, on_message),
+                      start_relay(child.stderr, stderr, on_message)]
         elif pipe is not None:
             # prterun writes some of its messages about a lost host to standard output.
             markers = lost_host_markers if watched else ()
-            relays = [start_watching_relay(child.stdout, sys.stdout.buffer, markers, on_message),
-                      start_watching_relay(child.stderr, sys.stderr.buffer, markers, on_message)]
+            relays = [start_watching_relay(child.stdout, stdout, markers, on_message),
+                      start_watching_relay(child.stderr, stderr, markers, on_message)]
         while True:
             try:
                 returncode = child.wait(timeout=POLL_SECONDS)
@@ -131,6 +139,8 @@ def run_supervised(
             # output a while, then for the rest of it to be written, however long that takes.
             if relay.at_end.wait(RELAY_DRAIN_SECONDS):
                 relay.join()
+        for folder in folders:
+            folder.close()  # what a block the output ended in held back
         restore_handlers(previous)
     if received:
         raise Stopped(received[0][0])
