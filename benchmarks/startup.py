@@ -6,8 +6,11 @@ A driver outside the job (it is no MPI process itself) times, in turns, jobs tha
 `hvd.init()` and return: `hvdplusrun -np 2 python -c ...` as a subprocess, `hvdplus.run(fn, np=2)`
 in this process, `RayExecutor(2)`'s `start()` and `run(fn)` on a local Ray started once before
 (`ray.init(num_cpus=2)`, not timed), and, as the floor under all, `mpirun -np 2 python -c "from
-mpi4py import MPI"`. Each figure is the median wall time from the call to its return,
-interpreter start-up of the ranks included.
+mpi4py import MPI"`. Then `hvdplus.run` with a 200 MB argument (a numpy array, which the job's
+channel serves to rank 0, which broadcasts it), with a 200 MB result from each rank as well,
+and, as the peer, the same array saved to a file whose path is the argument (what a user had to
+do while arguments were limited; one machine only). Each figure is the median wall time from the
+call to its return, interpreter start-up of the ranks included.
 
 Writes benchmarks/results/startup_np2.csv (see harness.write_table).
 """
@@ -16,9 +19,11 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import mpi4py
+import numpy as np
 
 mpi4py.rc.initialize = False  # this driver only starts jobs; MPI runs in them
 
@@ -29,12 +34,41 @@ from harness import REPOSITORY, median_rows, write_driver_table  # noqa: E402
 from hvdplus.runner.launch import find_mpi  # noqa: E402
 
 INIT_AND_RETURN = "import hvdplus; hvdplus.init(); hvdplus.shutdown()"
+LARGE_BYTES = 200_000_000
 
 
 def init_and_return():
     import hvdplus as hvd
     hvd.init()
     return hvd.rank()
+
+
+def size_of(data):
+    import hvdplus as hvd
+    hvd.init()
+    return data.nbytes
+
+
+def echo(data):
+    import hvdplus as hvd
+    hvd.init()
+    return data
+
+
+def size_of_saved(path):
+    import numpy as np
+
+    import hvdplus as hvd
+    hvd.init()
+    return np.load(path).nbytes
+
+
+def save_and_run(data, path):
+    np.save(path, data)
+    try:
+        hvdplus.run(size_of_saved, args=(path,), np=2)
+    finally:
+        os.remove(path)
 
 
 def ray_executor_start_and_run():
@@ -63,6 +97,8 @@ def main():
     args = parser.parse_args()
     mpirun, dialect = find_mpi()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    data = np.random.default_rng(0).integers(0, 256, LARGE_BYTES, dtype=np.uint8)
+    saved = os.path.join(tempfile.gettempdir(), f"hvdplus-startup-{os.getpid()}.npy")
     ways = {
         "hvdplusrun": lambda: run_quietly([sys.executable, "-m", "hvdplus.runner", "-np", "2", sys.executable,
                                            "-c", INIT_AND_RETURN]),
@@ -71,6 +107,9 @@ def main():
         "mpirun and mpi4py alone": lambda: run_quietly(
             [mpirun, *(dialect.run_as_root() if os.geteuid() == 0 else []), "-np", "2", sys.executable, "-c",
              "from mpi4py import MPI"]),
+        "hvdplus.run: a 200 MB argument": lambda: hvdplus.run(size_of, args=(data,), np=2),
+        "hvdplus.run: a 200 MB argument and 200 MB results": lambda: hvdplus.run(echo, args=(data,), np=2),
+        "hvdplus.run: 200 MB saved to a file, its path the argument": lambda: save_and_run(data, saved),
     }
     seconds = {way: [] for way in ways}
     for _ in range(args.repeats):

@@ -285,9 +285,15 @@ def elastic(results):
                        commits)])
 
 
+def _code_then_words(way):
+    """`hvdplus.run`: with a 200 MB argument, from "hvdplus.run: with a 200 MB argument"."""
+    code, colon, words = way.partition(": ")
+    return f"`{code}`{colon}{words}"
+
+
 def startup(results):
     return markdown_table(["started by", "seconds (median)", "each run"],
-                          [[row["way"] if row["way"].startswith("mpirun") else f"`{row['way']}`",
+                          [[row["way"] if row["way"].startswith("mpirun") else _code_then_words(row["way"]),
                             duration(float(row["seconds"])),
                             ", ".join(duration(float(seconds)) for seconds in row["runs"].split(";"))]
                            for row in results.rows])
