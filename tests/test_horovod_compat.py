@@ -11,8 +11,11 @@ import sys
 
 import pytest
 
+from hvdplus.common.settings import Settings
 from hvdplus.horovod_alias import PATH as ALIAS_PATH
 from hvdplus.runner import horovod_flags
+from hvdplus.runner.launch import parse_args
+from hvdplus.runner.tuning import tuning_environment
 
 from testkit.programs import FOLDER, program
 
@@ -75,6 +78,17 @@ def test_horovodrun_refuses_gloo_naming_what_to_use():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "--gloo: hvdplus runs every job on MPI" in result.stderr
+
+
+def test_horovodrun_passes_horovods_stall_and_timeline_flags_on():
+    args = parse_args(["-np", "2", "--stall-check-warning-time-seconds", "10", "--stall-check-shutdown-time-seconds",
+                       "20", "--timeline-mark-cycles", "python", "train.py"], prog="horovodrun")
+    settings = Settings.from_env(tuning_environment(args))
+    assert (settings.stall_check_seconds, settings.stall_shutdown_seconds) == (10.0, 20.0)
+    assert settings.timeline_mark_cycles is True
+    unchecked = parse_args(["-np", "2", "--no-stall-check", "--stall-check-warning-time-seconds", "10", "python",
+                            "train.py"], prog="horovodrun")
+    assert Settings.from_env(tuning_environment(unchecked)).stall_check_seconds == 0.0
 
 
 @pytest.mark.mpi

@@ -128,7 +128,18 @@ def test_stalled_lists_submitters_and_missing_ranks():
     now[0] = 5.0
     assert c.stalled(older_than=10.0) == []
     now[0] = 12.0
-    assert c.stalled(older_than=10.0) == [("slow", [0, 2], [1], pytest.approx(12.0))]
+    (stall,) = c.stalled(older_than=10.0)
+    assert (stall.kind, stall.name, stall.submitted, stall.missing) == (Collective.ALLREDUCE, "slow", [0, 2], [1])
+    assert stall.age == pytest.approx(12.0)
+
+
+def test_submitted_by_lists_what_a_rank_waits_on():
+    c = coordinator(size=2)
+    c.add(0, [allreduce("a"), allreduce("b")])
+    c.add(1, [allreduce("b"), allreduce("other")])
+    c.take_batches()  # releases "b"
+    assert c.submitted_by(0) == [(Collective.ALLREDUCE, "a")]
+    assert c.submitted_by(1) == [(Collective.ALLREDUCE, "other")]
 
 
 def test_on_demand_holds_ready_names_until_a_rank_waits_then_fuses_them_all():

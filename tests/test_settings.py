@@ -20,6 +20,16 @@ def test_ours_win_over_horovods():
     assert settings.timeline_path == "/tmp/t.json"
 
 
+def test_horovods_stall_and_timeline_variables():
+    settings = Settings.from_env({"HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30",
+                                  "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
+    assert (settings.stall_check_seconds, settings.stall_shutdown_seconds) == (5.0, 30.0)
+    assert settings.timeline_mark_cycles is True and Settings.from_env({}).timeline_mark_cycles is False
+    disabled = Settings.from_env({"HOROVOD_STALL_CHECK_DISABLE": "1", "HOROVOD_STALL_CHECK_TIME_SECONDS": "5"})
+    assert disabled.stall_check_seconds == 0.0
+    assert Settings.from_env({"HOROVOD_STALL_CHECK_DISABLE": "0"}).stall_check_seconds == 60.0
+
+
 def test_hierarchical_flag_selects_the_algorithm():
     assert Settings.from_env({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}).allreduce_algorithm == "hierarchical"
     assert Settings.from_env({"HVDPLUS_HIERARCHICAL_ALLREDUCE": "0"}).allreduce_algorithm == "auto"

@@ -166,6 +166,11 @@ SETTINGS = (
             "write a Chrome-trace timeline to this path (rank 0)", "engine", "unset",
             _flag("--timeline-filename", os.path.abspath, "--timeline-filename PATH",
                   metavar="PATH", help="write a Chrome-trace timeline of collectives to PATH")),
+    Setting("timeline_mark_cycles", "TIMELINE_MARK_CYCLES", _switch, False,
+            "any value but `0`, `false`, `no`, `off` marks each engine cycle that runs collectives with a "
+            "`CYCLE_START` instant event in the timeline", "engine", "off",
+            _flag("--timeline-mark-cycles", lambda _: "1", action="store_true", default=None,
+                  help="mark each engine cycle that runs collectives in the timeline")),
     Setting("allreduce_algorithm", "ALLREDUCE_ALGO", _choice(ALLREDUCE_ALGORITHMS), "auto",
             "`auto`, `mpi`, `ring`, `hierarchical` or `shm` ([algorithms](algorithms.md))", "engine", "`auto`",
             _flag("--allreduce-algo", str, "--allreduce-algo NAME",
@@ -189,15 +194,22 @@ SETTINGS = (
     Setting("autotune_steps_per_sample", "AUTOTUNE_STEPS_PER_SAMPLE", _integer, 10,
             "engine cycles with all-reduce work in one sample", "engine"),
     Setting("stall_check_seconds", "STALL_CHECK_TIME_SECONDS", _decimal, 60.0,
-            "rank 0 logs names that some ranks submitted and others did not for this long; 0 turns the check "
-            "off", "engine", "60",
+            "rank 0 warns of a collective that some ranks submitted and others have not, once it has waited this "
+            "long and again each time it has waited as long again, naming the missing ranks and what they "
+            "submitted instead; 0 turns the check off", "engine", "60",
             _flag("--stall-check-time-seconds", _shortest, "--stall-check-time-seconds S",
                   type=_non_negative, metavar="S", help="warn when ranks wait for each other this long")),
+    Setting("stall_check_disable", "STALL_CHECK_DISABLE", _switch, False,
+            "any value but `0`, `false`, `no`, `off` turns the stall check off, as "
+            "`HVDPLUS_STALL_CHECK_TIME_SECONDS=0` does", "engine", "off",
+            _flag("--no-stall-check", lambda _: "1", action="store_true", default=None,
+                  help="no stall warnings and no stall shutdown")),
     Setting("stall_shutdown_seconds", "STALL_SHUTDOWN_TIME_SECONDS", _decimal, 0.0,
-            "stalled operations fail with `StalledError` on every rank after this long (needs the stall check "
-            "on)", "engine", "0 (never)",
+            "once a stalled collective has waited this long, every rank's pending operations fail with "
+            "`StalledError`, naming it and its missing ranks (needs the stall check on)", "engine", "0 (never)",
             _flag("--stall-shutdown-time-seconds", _shortest, "--stall-shutdown-time-seconds S",
-                  type=_non_negative, metavar="S", help="abort after a stall this long (0: never)")),
+                  type=_non_negative, metavar="S",
+                  help="fail the job's collectives after a stall this long (0: never)")),
     Setting("overlap", "OVERLAP", _choice(OVERLAP_MODES, {"1": "on", "true": "on", "yes": "on", "0": "off",
                                                           "false": "off", "no": "off"}), "auto",
             "`on` runs agreed collectives in the background at once; `off` holds them until a rank waits; `auto` "
@@ -237,6 +249,8 @@ def _from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
     values = {setting.field: setting.value(environ) for setting in SETTINGS}
     if values["hierarchical_allreduce"] and values["allreduce_algorithm"] == "auto":
         values["allreduce_algorithm"] = "hierarchical"
+    if values["stall_check_disable"]:
+        values["stall_check_seconds"] = 0.0
     return cls(**values)
 
 

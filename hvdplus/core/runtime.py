@@ -356,8 +356,9 @@ def mpi_built() -> bool:
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start writing a Chrome-trace timeline to `file_path` (rank 0 writes it; call on every
-    rank). `mark_cycles` is accepted for Horovod compatibility; cycles are not marked."""
-    current("start_timeline()").engine.start_timeline(file_path)
+    rank). With `mark_cycles` (or HVDPLUS_TIMELINE_MARK_CYCLES), each engine cycle that runs
+    collectives is marked by a CYCLE_START event."""
+    current("start_timeline()").engine.start_timeline(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:

@@ -67,7 +67,7 @@ class Engine:
         )
         self.timeline: Optional[Timeline] = None
         if settings.timeline_path and self.rank == 0:
-            self.timeline = Timeline(settings.timeline_path)
+            self.timeline = Timeline(settings.timeline_path, settings.timeline_mark_cycles)
         self._stalls = (StallInspector(settings.stall_check_seconds, settings.stall_shutdown_seconds)
                         if self.rank == 0 else None)
         self._fusion_buffer = FusionBuffer()
@@ -110,10 +110,12 @@ class Engine:
                 self._wake.set()
         return handle
 
-    def start_timeline(self, path: str) -> None:
-        """Write a timeline to `path` from now on (rank 0 writes; other ranks ignore it)."""
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Write a timeline to `path` from now on (rank 0 writes; other ranks ignore it), with
+        cycles marked when `mark_cycles` or HVDPLUS_TIMELINE_MARK_CYCLES says so."""
         if self.rank == 0:
-            previous, self.timeline = self.timeline, Timeline(path)
+            marked = mark_cycles or self.settings.timeline_mark_cycles
+            previous, self.timeline = self.timeline, Timeline(path, marked)
             if previous is not None:
                 previous.close()
 
@@ -259,6 +261,8 @@ class Engine:
                 batches.insert(0, move)
             if batches and self.size > 1:
                 self.control.send_batches([batch.known_ids or batch for batch in batches])
+            if batches and (timeline := self.timeline) is not None:
+                timeline.mark_cycle_start()
             self._finished |= self._execute(batches)
             if self._tuning is not None:
                 self._tuning.score(batches, self.coordinator)
@@ -331,9 +335,10 @@ class Engine:
             if entry is not None:
                 self._cache.remember(name, entry.request, cache_id)
         payloads = [entry.payload if entry is not None else JOINED for entry in entries]
-        if self.timeline is not None:
-            record_negotiation(self.timeline, batch, entries)
-        results = execute_batch(self.data_comm, self.algorithms, batch, payloads, self._fusion_buffer, self.timeline)
+        rows = None if (timeline := self.timeline) is None else timeline.of_kind(batch.kind)
+        if rows is not None:
+            record_negotiation(rows, batch, entries)
+        results = execute_batch(self.data_comm, self.algorithms, batch, payloads, self._fusion_buffer, rows)
         for entry, result in zip(entries, results):
             if entry is not None:
                 self._completions.complete(entry.name, result)

@@ -26,7 +26,7 @@ from .kinds import spec_of
 from .protocol import Batch, Collective, Outcome, Request, Token
 from .agreement import check_agreement
 
-__all__ = ["Coordinator"]
+__all__ = ["Coordinator", "Stall"]
 
 # Compared per item and per name: a module name is cheaper than an enum member looked up on
 # its class, which costs a descriptor call on Python 3.11.
@@ -39,7 +39,26 @@ class _Pending:
     by_rank: Dict[int, Request] = dataclasses.field(default_factory=dict)
     first_seen: float = 0.0
     needs_check: bool = False
-    warned_at: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Stall:
+    """A pending name that some ranks submitted and others have not (yet).
+
+    Args:
+        name, kind: the collective.
+        submitted: the ranks that submitted it.
+        missing: the ranks, joined ones aside, that have not.
+        since: the coordinator's clock when the first rank submitted it.
+        age: seconds since then.
+    """
+
+    name: str
+    kind: Collective
+    submitted: List[int]
+    missing: List[int]
+    since: float
+    age: float
 
 
 class Coordinator:
@@ -187,13 +206,18 @@ class Coordinator:
             batch.known_ids.append(known_id)
 
     # -- stalls -----------------------------------------------------------------------
-    def stalled(self, older_than: float) -> List[Tuple[str, List[int], List[int], float]]:
-        """(name, ranks that submitted, ranks missing, seconds waiting) for old pending names."""
+    def stalled(self, older_than: float) -> List[Stall]:
+        """The pending names first submitted at least `older_than` seconds ago."""
         now = self.clock()
         found = []
         for name, entry in self.pending.items():
             age = now - entry.first_seen
             if age >= older_than:
                 missing = [r for r in range(self.size) if r not in entry.by_rank and r not in self.joined]
-                found.append((name, sorted(entry.by_rank), missing, age))
+                kind = next(iter(entry.by_rank.values())).kind
+                found.append(Stall(name, kind, sorted(entry.by_rank), missing, entry.first_seen, age))
         return found
+
+    def submitted_by(self, rank: int) -> List[Tuple[Collective, str]]:
+        """(kind, name) of each pending name that `rank` has submitted, oldest first."""
+        return [(entry.by_rank[rank].kind, name) for name, entry in self.pending.items() if rank in entry.by_rank]

@@ -10,6 +10,7 @@ import os
 from typing import Dict, Optional
 
 from ..horovod_alias import PATH as ALIAS_PATH, real_horovod
+from .tuning import add_tuning_alias
 
 __all__ = ["add_arguments", "check", "environment", "python_path_with_alias"]
 
@@ -26,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--disable-cache", action="store_true", help="no response cache (--cache-capacity 0)")
     group.add_argument("--reset-limit", dest="max_restarts", type=int, default=argparse.SUPPRESS, metavar="N",
                        help="Horovod's name of --max-restarts")
+    add_tuning_alias(group, "--stall-check-warning-time-seconds", "stall_check_seconds",
+                     "Horovod's name of --stall-check-time-seconds")
+    add_tuning_alias(group, "--stall-check-shutdown-time-seconds", "stall_shutdown_seconds",
+                     "Horovod's name of --stall-shutdown-time-seconds")
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

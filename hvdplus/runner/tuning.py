@@ -10,7 +10,7 @@ from typing import Dict
 
 from ..common.settings import SETTINGS
 
-__all__ = ["TUNING_SETTINGS", "add_tuning_arguments", "tuning_environment"]
+__all__ = ["TUNING_SETTINGS", "add_tuning_arguments", "add_tuning_alias", "tuning_environment"]
 
 # The launcher's own flags that set a variable (the elastic ones) are declared with no options.
 TUNING_SETTINGS = tuple(setting for setting in SETTINGS if setting.flag is not None and setting.flag.options)
@@ -24,6 +24,22 @@ def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tuning (passed to every rank as HVDPLUS_* variables)")
     for setting in TUNING_SETTINGS:
         group.add_argument(setting.flag.spelling, dest=_dest(setting), **setting.flag.options)
+
+
+def add_tuning_alias(group, spelling: str, field: str, help: str) -> None:
+    """Another spelling (Horovod's) of the tuning flag of the setting `field`: the same value,
+    passed on as the same variable.
+
+    Args:
+        group: the parser or argument group to add it to.
+        spelling: the flag, e.g. "--stall-check-warning-time-seconds".
+        field: the setting's attribute of `Settings`.
+        help: its line in --help.
+    """
+    (setting,) = (setting for setting in TUNING_SETTINGS if setting.field == field)
+    # SUPPRESS: an alias left out must not reset the value its setting's own flag gave.
+    options = dict(setting.flag.options, help=help, default=argparse.SUPPRESS)
+    group.add_argument(spelling, dest=_dest(setting), **options)
 
 
 def tuning_environment(args: argparse.Namespace) -> Dict[str, str]:

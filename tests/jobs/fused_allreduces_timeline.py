@@ -1,7 +1,8 @@
 """Twenty all-reduces submitted at once, then an all-gather, under the timeline that
 HVDPLUS_TIMELINE names. tests/test_engine_jobs.py reads the trace for each phase, a row per
-tensor and fused float16 tensors; with --exit-abruptly every rank leaves by os._exit, so the
-trace must be readable without the end a normal shutdown writes."""
+tensor (`allreduce.layer0`), fused float16 tensors and, where cycles are marked, CYCLE_START
+events; with --exit-abruptly every rank leaves by os._exit, so the trace must be readable
+without the end a normal shutdown writes."""
 
 import argparse
 import os
