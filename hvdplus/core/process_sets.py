@@ -90,24 +90,40 @@ def _communicator_ranks(comm) -> List[int]:
 global_process_set = ProcessSet(None)
 global_process_set.process_set_id = 0
 
+_follows_reforms = False  # whether _after_reform is registered (once for the process)
+
 
 def init(comm=None, process_sets: Union[None, str, Sequence[ProcessSet]] = None) -> None:
     """Start hvdplus (see runtime.init), then add `process_sets` (a list of ProcessSets or
     rank lists, the same on every rank; "dynamic", Horovod's switch for adding sets later,
-    is accepted: sets can always be added later here)."""
-    first = not runtime.is_initialized()
+    is accepted: sets can always be added later here).
+
+    All or nothing: when a set cannot be added (ranks that disagree, a duplicate, a rank
+    beyond the job), every rank raises the same ValueError and no set is added; a runtime
+    this call started is shut down again, so that a later `init` starts afresh.
+    """
+    if isinstance(process_sets, str) and process_sets != "dynamic":
+        raise ValueError(f"init(process_sets={process_sets!r}): expected a list of process sets or 'dynamic'")
+    started = not runtime.is_initialized()
     runtime.init(comm)
     if not runtime.is_initialized():
         return
-    global_process_set.ranks = list(runtime.current("init()").ranks)
-    if first:
+    listed = process_sets is not None and not isinstance(process_sets, str)
+    try:
+        global_process_set.ranks = list(runtime.current("init()").ranks)
+        # A starting job compares even an empty list: a rank that passed sets where another
+        # passed none would otherwise wait for it forever.
+        if listed or started:
+            _add_all(list(process_sets) if listed else [], "init(process_sets=...)")
+    except Exception:
+        if started:
+            runtime.shutdown()
+            global_process_set.ranks = None
+        raise
+    global _follows_reforms
+    if not _follows_reforms:
         runtime.on_reform(_after_reform)
-    if process_sets is None or isinstance(process_sets, str):
-        if isinstance(process_sets, str) and process_sets != "dynamic":
-            raise ValueError(f"init(process_sets={process_sets!r}): expected a list of process sets or 'dynamic'")
-        return
-    for process_set in process_sets:
-        add_process_set(process_set)
+        _follows_reforms = True
 
 
 def _after_reform() -> None:
@@ -196,24 +212,52 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
     """Add a set (collective over every rank of the job, in the same order everywhere);
     returns it, with its `process_set_id`. ValueError on every rank when the ranks passed
     differ between ranks, or a set of the same ranks exists."""
-    job = runtime.current("add_process_set()")
+    return _add_all([process_set], "add_process_set()")[0]
+
+
+def _add_all(process_sets: list, what: str) -> List[ProcessSet]:
+    """Add every set of `process_sets` (collective over the job), or none: the ranks first
+    share what each was given, so each finds the same fault, if any, and raises it."""
+    job = runtime.current(what)
+    try:
+        sets = [_as_process_set(process_set) for process_set in process_sets]
+        mine = [process_set.ranks for process_set in sets]
+    except Exception as error:  # noqa: BLE001 (this rank's own input: every rank raises it below)
+        sets, mine = [], f"{type(error).__name__}: {error}"
+    fault = _fault_in(job.admin_comm.allgather(mine), job)
+    if fault:
+        raise ValueError(f"{what}: {fault}")
+    for process_set in sets:
+        process_set.process_set_id = job.register_process_set(process_set.ranks)
+    return sets
+
+
+def _as_process_set(process_set) -> ProcessSet:
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.ranks is None and process_set.mpi_comm is not None:
         process_set.ranks = _communicator_ranks(process_set.mpi_comm)
-    ranks = process_set.ranks
-    everyone = job.admin_comm.allgather(ranks)
-    if any(other != ranks for other in everyone):
-        differing = "; ".join(f"rank {r} passed {other}" for r, other in enumerate(everyone))
-        raise ValueError(f"add_process_set: the ranks disagree about the set's ranks: {differing}")
-    size = job.topology.size
-    if ranks[-1] >= size:
-        raise ValueError(f"add_process_set({ranks}): ranks must be below the job's size {size}")
-    existing = [set_id for set_id, other in job.process_set_ranks.items() if other == ranks]
-    if existing:
-        raise ValueError(f"add_process_set({ranks}): process set {existing[0]} has the same ranks")
-    process_set.process_set_id = job.register_process_set(ranks)
     return process_set
+
+
+def _fault_in(everyone: list, job) -> Optional[str]:
+    """Why the sets that every rank passed (`everyone[r]`: rank r's rank lists, or the error
+    its input raised) cannot be added; None when they can. Alike on every rank."""
+    failed = [f"rank {r}: {given}" for r, given in enumerate(everyone) if isinstance(given, str)]
+    if failed:
+        return "; ".join(failed)
+    if any(given != everyone[0] for given in everyone):
+        return "the ranks disagree about the set's ranks: " + "; ".join(
+            f"rank {r} passed {', '.join(map(str, given)) or 'no set'}" for r, given in enumerate(everyone))
+    size = job.topology.size
+    holders = {tuple(ranks): f"process set {set_id}" for set_id, ranks in job.process_set_ranks.items()}
+    for index, ranks in enumerate(everyone[0]):
+        if ranks[-1] >= size:
+            return f"set {ranks}: ranks must be below the job's size {size}"
+        if tuple(ranks) in holders:
+            return f"set {ranks}: {holders[tuple(ranks)]} has the same ranks"
+        holders[tuple(ranks)] = f"set {index} of the list"
+    return None
 
 
 def remove_process_set(process_set: ProcessSet) -> None:

@@ -43,13 +43,48 @@ def broadcast_optimizer_state(optimizer, root_rank=0, process_set=global_process
     """Give every rank `root_rank`'s optimizer state: per-parameter tensors (momentum
     buffers, Adam moments, step counts) and hyper-parameters such as lr and momentum.
 
-    The state travels pickled, which also carries the state of ranks that have not taken a
-    step yet (their state is still empty)."""
+    As in Horovod, an optimizer with no state yet on this rank first takes one step on zero
+    gradients, so that its state exists: every parameter that trains and has no gradient
+    keeps that zero gradient afterwards (one without `requires_grad` keeps `None`), and a
+    gradient it had is put back. The step changes no parameter unless the optimizer changes
+    parameters on a zero gradient (weight decay), as Horovod's does. The state then travels
+    pickled.
+
+    Args:
+        optimizer: a torch.optim optimizer, or one wrapped by DistributedOptimizer.
+        root_rank: the (job) rank whose state wins.
+        process_set: the ranks that take part (default: every rank).
+    """
+    if not optimizer.state:
+        _take_a_step_on_zero_gradients(optimizer)
     state = collectives.broadcast_object(
         optimizer.state_dict() if runtime.rank() == root_rank else None,
         root_rank, name="broadcast_optimizer_state", process_set=process_set,
     )
     optimizer.load_state_dict(state)
+
+
+def _take_a_step_on_zero_gradients(optimizer):
+    """Make a fresh optimizer's state by a step on zero gradients, on this rank alone.
+
+    A DistributedOptimizer steps without reducing (other ranks may not prime at all), and
+    L-BFGS, whose step needs a closure, is left to the pickled state alone."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        return
+    # SparseAdam refuses dense gradients, so its zero gradients are sparse (and empty).
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    kept = {}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if not param.requires_grad:
+                continue
+            if param.grad is not None:
+                kept[param] = param.grad
+            zero = torch.zeros_like(param)
+            param.grad = zero.to_sparse() if sparse else zero
+    getattr(optimizer, "_hvdplus_local_step", optimizer.step)()
+    for param, grad in kept.items():
+        param.grad = grad
 
 
 def broadcast_object(obj=None, root_rank=0, name=None, process_set=global_process_set):

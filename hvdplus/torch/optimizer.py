@@ -52,6 +52,7 @@ class _DistributedOptimizer:
         self._compression = compression
         self._passes_per_step = backward_passes_per_step
         self._sparse_as_dense = sparse_as_dense
+        self._sparse_dims = {}  # id(parameter) -> sparse_dim of its gradients, where they came sparse
         self._op, self._predivide, self._explicit_groups = op, gradient_predivide_factor, groups
         params = [p for group in self.param_groups for p in group["params"]]
         self._params = params
@@ -137,12 +138,23 @@ class _DistributedOptimizer:
 
     def _dense_gradient(self, param):
         """The gradient to all-reduce of a parameter whose gradient is not gathered
-        (_sparse_kept), so a sparse one here is made dense (sparse_as_dense)."""
+        (_sparse_kept), so a sparse one here is made dense (sparse_as_dense); the parameter
+        gets it back sparse once reduced (_sparse_again)."""
         if param.grad is None:
             param.grad = torch.zeros_like(param)
         elif param.grad.is_sparse:
+            self._sparse_dims[id(param)] = param.grad.sparse_dim()
             param.grad = param.grad.to_dense()
         return param.grad
+
+    def _sparse_again(self, param):
+        """Make the reduced gradient of a parameter whose gradients come sparse (an
+        nn.Embedding(sparse=True)) sparse again, as Horovod does with sparse_as_dense, since
+        optimizers such as SparseAdam take only sparse gradients. Its rows of zeros are
+        left out. A step where the parameter had no gradient also ends sparse."""
+        sparse_dim = self._sparse_dims.get(id(param))
+        if sparse_dim is not None:
+            param.grad = param.grad.to_sparse(sparse_dim).coalesce()
 
     def _on_the_wire(self, grad):
         """(tensor to reduce in place, compression context); a tensor other than `grad` is
@@ -168,6 +180,7 @@ class _DistributedOptimizer:
             handle.wait()
             if wire is not grad:
                 grad.copy_(self._compression.decompress(wire, ctx))
+            self._sparse_again(param)
 
         return finish
 
@@ -193,9 +206,10 @@ class _DistributedOptimizer:
                 # The core names the group's members by index; the user knows parameter names.
                 members = ", ".join(f"{index} '{self._names[p]}'" for index, p in enumerate(dense))
                 raise type(error)(f"{error}\n  members of '{name}': {members}") from None
-            for grad, (wire, ctx) in zip(grads, compressed):
+            for param, grad, (wire, ctx) in zip(dense, grads, compressed):
                 if wire is not grad:
                     grad.copy_(self._compression.decompress(wire, ctx))
+                self._sparse_again(param)
             for finish_sparse in gathered:
                 finish_sparse()
 
@@ -272,6 +286,11 @@ class _DistributedOptimizer:
             self.synchronize()
         self._synchronized = False
         return super().step(closure)
+
+    def _hvdplus_local_step(self):
+        """The wrapped optimizer's step on this rank's gradients as they are, reducing nothing
+        (broadcast_optimizer_state primes a fresh optimizer so, on the ranks that need it)."""
+        return super().step()
 
     def zero_grad(self, set_to_none: bool = True):
         if self._submitted:

@@ -287,3 +287,28 @@ def test_adasum_matches_the_formula_on_power_of_two_ranks(dtype, rank, size):
     np.testing.assert_allclose(result.reshape(-1), level[0], rtol=1e-5, atol=1e-6)
     grouped = hvd.grouped_allreduce([vectors[rank].astype(dtype)] * 2, op=hvd.Adasum, name=f"adasum.group.{dtype}")
     np.testing.assert_allclose(grouped[1].reshape(-1), level[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, scale", [("float32", 1e-30), ("float64", 1e-300), ("float16", 1e-4)])
+def test_adasum_of_nearly_parallel_vectors_near_the_smallest_normal(dtype, scale, rank, size):
+    # Vectors of norm scale / 2: their squared norms are below float64's smallest number
+    # (1e-300), or below 1e-8, under which Horovod leaves a coefficient at 1 (their sum
+    # instead of about their mean). The reference scales them to 1, where the formula holds.
+    direction = rank_values("float64", (16,), 0, 41)
+    vectors = []
+    for r in range(size):
+        vector = direction + 0.01 * rank_values("float64", (16,), r, 43)
+        vectors.append((vector * (scale / 2 / np.linalg.norm(vector))).astype(dtype))
+    if size & (size - 1):
+        with pytest.raises(NotImplementedError, match="Adasum needs a power-of-two number of ranks"):
+            hvd.allreduce(vectors[rank], op=hvd.Adasum, name=f"adasum.tiny.{dtype}")
+        return
+    level = [v.astype(np.float64) / scale for v in vectors]
+    while len(level) > 1:
+        level = [adasum_reference(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+    result = hvd.allreduce(vectors[rank], op=hvd.Adasum, name=f"adasum.tiny.{dtype}")
+    assert result.dtype == dtype
+    eps = np.finfo(dtype).eps
+    # float16 holds elements this small as subnormals, exact to its smallest step only.
+    atol = max(np.finfo(dtype).smallest_subnormal, eps * scale * 1e-3)
+    np.testing.assert_allclose(result.astype(np.float64), level[0] * scale, rtol=4 * eps, atol=atol)

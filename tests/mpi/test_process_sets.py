@@ -39,6 +39,41 @@ def sets():
             hvd.remove_process_set(process_set)
 
 
+def test_a_failed_init_leaves_nothing_behind_and_a_later_init_works(rank, size):
+    # First in the file, before the fixture below adds sets: hvdplus starts afresh here.
+    hvd.shutdown()
+    halves = [list(range(0, size, 2)), list(range(1, size, 2))] if size > 1 else []
+    sets = [hvd.ProcessSet(ranks) for ranks in halves]
+    # The duplicate comes after the sets that could be added: none of them may stay behind.
+    failing = sets + [hvd.ProcessSet(range(0, size, 2))]
+    with pytest.raises(ValueError, match=r"init\(process_sets=...\): set \[0.*\]: .* has the same ranks"):
+        hvd.init(process_sets=failing)
+    assert not hvd.is_initialized() and all(process_set.process_set_id is None for process_set in sets)
+    if size > 1:  # rank 0 alone passes sets: every rank raises, none waits for the others
+        with pytest.raises(ValueError, match=r"the ranks disagree about the set's ranks: rank 0 passed \[0.*rank 1 "
+                                             "passed no set"):
+            hvd.init(process_sets=sets if rank == 0 else None)
+        assert not hvd.is_initialized()
+
+    hvd.init(process_sets=sets)
+    assert [process_set.process_set_id for process_set in sets] == list(range(1, len(sets) + 1))
+    values = {r: rank_values(np.float64, (4, 3), r, seed=5) for r in range(size)}
+    for process_set in sets:
+        if process_set.included():
+            expected = np.sum([values[r] for r in process_set.ranks], axis=0)
+            np.testing.assert_allclose(hvd.allreduce(values[rank], op=hvd.Sum, process_set=process_set), expected)
+    np.testing.assert_allclose(hvd.allreduce(values[rank]), np.mean(list(values.values()), axis=0))
+
+    # On a running job a failed init adds nothing either, and leaves the job running.
+    for process_set in sets:
+        hvd.remove_process_set(process_set)
+    with pytest.raises(ValueError, match="has the same ranks"):
+        hvd.init(process_sets=failing)
+    assert hvd.is_initialized() and all(process_set.process_set_id is None for process_set in sets)
+    for process_set in sets:
+        hvd.remove_process_set(hvd.add_process_set(process_set))
+
+
 def my_set(layout):
     return next(process_set for process_set in layout if process_set.included())
 

@@ -241,6 +241,83 @@ def test_broadcast_parameters_and_optimizer_state(rank, size):
     hvd.broadcast_parameters(list(model.named_parameters()), root_rank=size - 1)
 
 
+def with_idle_parameters(model):
+    """`model` with a parameter that its forward never uses, so it never gets a gradient,
+    and a frozen one."""
+    model.register_parameter("idle", torch.nn.Parameter(torch.randn(4)))
+    model.register_parameter("frozen", torch.nn.Parameter(torch.randn(3), requires_grad=False))
+    return model
+
+
+@pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
+def test_broadcast_optimizer_state_primes_a_fresh_optimizer_as_horovod_does(optimizer_name, rank, size):
+    # Horovod gives a fresh optimizer's trainable parameters zero gradients and takes a step,
+    # so the state exists everywhere (Adam counts that step); a program may read p.grad after.
+    model = with_idle_parameters(make_model(seed=rank))
+    optimizer = hvd.DistributedOptimizer(OPTIMIZERS[optimizer_name](model.parameters()),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = copy.deepcopy(model.state_dict())
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    assert torch.equal(model.idle.grad, torch.zeros(4)) and model.frozen.grad is None
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name]), f"{name} changed"
+
+    # The reference: one process that primes as Horovod does, then trains on whole batches.
+    reference = with_idle_parameters(make_model(seed=0))
+    reference_optimizer = OPTIMIZERS[optimizer_name](reference.parameters())
+    for p in reference.parameters():
+        p.grad = torch.zeros_like(p) if p.requires_grad else None
+    reference_optimizer.step()
+    mine, root = optimizer.state_dict()["state"], hvd.broadcast_object(optimizer.state_dict(), root_rank=0)["state"]
+    expected = reference_optimizer.state_dict()["state"]
+    assert mine.keys() == root.keys() == expected.keys() and len(expected) == len(list(model.parameters())) - 1
+    for index, state in expected.items():
+        for key, value in state.items():
+            assert torch.equal(torch.as_tensor(mine[index][key]), torch.as_tensor(root[index][key]))
+            assert torch.equal(torch.as_tensor(mine[index][key]), torch.as_tensor(value)), f"{key} of {index}"
+    for x, y in global_batches(size, steps=3):
+        optimizer.zero_grad()
+        loss_fn(model, rows(rank, x), rows(rank, y)).backward()
+        optimizer.step()
+        reference_optimizer.zero_grad()
+        loss_fn(reference, x, y).backward()
+        reference_optimizer.step()
+    assert_same_parameters(model, reference)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_adam_on_a_sparse_embedding_trains_like_one_process(sparse_as_dense, rank, size):
+    # SparseAdam takes only sparse gradients: sparse_as_dense reduces them dense and hands
+    # them back sparse, as Horovod does.
+    def embedding():
+        torch.manual_seed(0)
+        return torch.nn.Embedding(12, 3, sparse=True)
+
+    def loss(model, ids, y):
+        return torch.nn.functional.mse_loss(model(ids).sum(1), y)
+
+    generator = torch.Generator().manual_seed(3)
+    batches = [(torch.randint(0, 12, (size * 4,), generator=generator), torch.randn(size * 4, generator=generator))
+               for _ in range(STEPS)]
+    model, reference = embedding(), embedding()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SparseAdam(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters(), sparse_as_dense=sparse_as_dense)
+    reference_optimizer = torch.optim.SparseAdam(reference.parameters(), lr=0.05)
+    for ids, y in batches:
+        optimizer.zero_grad()
+        loss(model, rows(rank, ids, 4), rows(rank, y, 4)).backward()
+        optimizer.synchronize()
+        grad = model.weight.grad
+        assert grad.is_sparse and (grad.is_coalesced() or size == 1)  # one rank reduces nothing
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        reference_optimizer.zero_grad()
+        loss(reference, ids, y).backward()
+        reference_optimizer.step()
+    assert_same_parameters(model, reference)
+
+
 @pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
 def test_join_with_uneven_data_leaves_every_rank_with_the_last_joiners_state(optimizer_name, rank, size):
     # Rank r has STEPS - r batches (at least one): joined ranks contribute zeros, Average
