@@ -17,6 +17,8 @@ import sys
 import tempfile
 import uuid
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE_IMAGE = "localhost/debian:bookworm-slim"
 IMAGE = "localhost/hvdplus:tests"
@@ -44,6 +46,14 @@ def unavailable_reason():
     if podman("image", "exists", BASE_IMAGE, check=False).returncode != 0 and shutil.which("debootstrap") is None:
         return f"no {BASE_IMAGE} image and no debootstrap to make one"
     return None
+
+
+def container_test_marks():
+    """The marks of a module whose tests run in containers: slow, with a timeout, and skipped
+    with the reason where containers cannot run here (which fails a CI run)."""
+    marks = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(900)]
+    reason = unavailable_reason()
+    return marks + [pytest.mark.skip(reason=reason)] if reason else marks
 
 
 def pip_certificate_bundle():
