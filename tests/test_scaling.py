@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvdplus.common.reduce_ops import Adasum, Average, Max, Sum
-from hvdplus.common.scaling import Reduction, gradient_reduction, scale_factor
+from hvdplus.common.scaling import Reduction, gradient_reduction, reducescatter_gradient_factor, scale_factor
 
 # Four ranks' values, as float64 so that sums are exact enough to compare.
 RANKS = np.array([[1.0, -2.0, 3.5], [4.0, 0.5, -1.0], [2.0, 2.0, 2.0], [-3.0, 1.5, 0.25]])
@@ -81,3 +81,15 @@ def test_summed_passes_turn_a_mean_of_passes_into_their_sum(predivide, passes):
     expected_postscale = float(passes) if predivide == 1.0 else predivide / SIZE * passes
     assert reduction.postscale == expected_postscale and type(reduction.postscale) is float
     np.testing.assert_allclose(reduced_by_hand(*reduction), passes * RANKS.mean(axis=0), rtol=1e-15)
+
+
+@pytest.mark.parametrize("op, prescale, postscale, expected", [
+    (Average, 1.0, 1.0, 1.0),
+    (Average, 0.5, 3.0, 1.5),
+    (Sum, 1.0, 1.0, 4.0),
+    (Sum, 0.5, 3.0, 6.0),
+])
+def test_reducescatter_gradient_factor_is_horovods(op, prescale, postscale, expected):
+    # Horovod's TensorFlow and torch gradients: the gathered gradients times both scale
+    # factors and, for Sum, the size; Average's 1/size is left out.
+    assert reducescatter_gradient_factor(op, prescale, postscale, SIZE) == expected

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from .reduce_ops import Average, ReduceOp, Sum
 
-__all__ = ["Reduction", "gradient_reduction", "scale_factor"]
+__all__ = ["Reduction", "gradient_reduction", "scale_factor", "reducescatter_gradient_factor"]
 
 
 def scale_factor(op, prescale: float, postscale: float, size: int) -> float:
@@ -46,3 +46,13 @@ def gradient_reduction(op, gradient_predivide_factor: float, size: int, summed_p
     if op != Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
     return Reduction(Sum, 1.0 / gradient_predivide_factor, gradient_predivide_factor / size * summed_passes)
+
+
+def reducescatter_gradient_factor(op, prescale: float, postscale: float, size: int) -> float:
+    """What the gathered upstream gradients of a reducescatter `postscale * op(prescale *
+    x)` over `size` ranks are multiplied by, as Horovod's TensorFlow and torch gradients both
+    take it: prescale * postscale, times size for Sum (Average's 1/size is not applied, so
+    each rank's loss counts as its share of one mean). One number, applied in one
+    multiplication, so that every framework's gradient is the same bit for bit."""
+    factor = prescale * postscale
+    return factor * size if op == Sum else factor

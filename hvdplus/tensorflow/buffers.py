@@ -21,11 +21,11 @@ thread at once. No inter-op thread then waits for another rank, so every collect
 inputs are ready is submitted, in whatever order, and the engine pairs them by name.
 """
 
-import numpy as np
 import tensorflow as tf
 
 from ..common.errors import HvdplusError
 from .errors import as_tensorflow_error
+from .graph_errors import handle_template, raise_reported, reporting_host
 
 __all__ = ["as_tensor", "run_on_host"]
 
@@ -46,47 +46,42 @@ def run_on_host(function, tensors, dtypes, shapes):
     Eagerly it runs now, and errors surface as the tf.errors classes Horovod raises (see
     errors.as_tensorflow_error). In a graph it becomes an op that runs it when the graph runs (see
     the module's docstring); its outputs get the static `shapes` (a None dimension where
-    unknown), and an error surfaces as the class TensorFlow gives a Python error in an op
-    (InvalidArgumentError for a mismatch): only a compiled op could raise another. An op
-    without outputs still runs in a tf.function, which runs every stateful op it holds."""
+    unknown); an error that is a FailedPreconditionError eagerly (a mismatch) surfaces as
+    one there too (graph_errors.py says how), others as the class TensorFlow gives a Python error
+    in an op (InvalidArgumentError for a ValueError). An op without outputs still runs in a
+    tf.function, which runs every stateful op it holds."""
     if tf.executing_eagerly():
         try:
             results = function(*[tensor.numpy() for tensor in tensors])
         except (HvdplusError, ValueError) as error:
             raise as_tensorflow_error(error) from error
         return [tf.convert_to_tensor(result, dtype=dtype) for result, dtype in zip(results, dtypes)]
-    tensors, dtypes, shapes = list(tensors), list(dtypes), [tf.TensorShape(shape) for shape in shapes]
+    dtypes, shapes = list(dtypes), [tf.TensorShape(shape) for shape in shapes]
+    # The host function reports a FailedPreconditionError as a status (see graph_errors.py).
+    host = reporting_host(function, dtypes, shapes)
+    inputs, types, output_shapes = [handle_template(), *tensors], [*dtypes, tf.string], [*shapes, tf.TensorShape([])]
     if tf.compat.v1.executing_eagerly_outside_functions():  # a tf.function: its ops run in program order
-        outputs = tf.numpy_function(function, tensors, dtypes, stateful=True)
-        if not dtypes:
-            return []
-        for output, shape in zip(outputs, shapes):
+        outputs = tf.numpy_function(host, inputs, types, stateful=True)
+        for output, shape in zip(outputs, output_shapes):
             output.set_shape(shape)
-        return outputs
-    return _asynchronous_op(function, tensors, dtypes, shapes)[:len(dtypes)]
+    else:
+        outputs = _asynchronous_op(host, inputs, types, output_shapes)
+    return raise_reported(outputs[len(dtypes)], outputs[:len(dtypes)])
 
 
 def _asynchronous_op(function, tensors, dtypes, shapes):
     """`function` as a `DatasetToSingleElement` op of a dataset that maps its one element
-    (`tensors`) with it: the op frees its inter-op thread while `function` runs. An
-    element needs a component, and a map an output, so a scalar stands in for none."""
-    inputs = tensors or [tf.zeros([], tf.int8)]
-    types, element_shapes = (dtypes, shapes) if dtypes else ([tf.int8], [tf.TensorShape([])])
-
-    def host(*arrays):
-        results = function(*arrays[:len(tensors)])
-        return results if dtypes else [np.int8(0)]
+    (`tensors`, never empty) with it: the op frees its inter-op thread while `function` runs."""
 
     def element(*values):
-        results = tf.numpy_function(host, list(values), types, stateful=True)
-        for result, shape in zip(results, element_shapes):
+        results = tf.numpy_function(function, list(values), dtypes, stateful=True)
+        for result, shape in zip(results, shapes):
             result.set_shape(shape)
         return results
 
-    signature = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in inputs]
+    signature = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tensors]
     mapping = tf.function(element, input_signature=signature, autograph=False).get_concrete_function()
-    dataset = tf.raw_ops.TensorDataset(components=inputs, output_shapes=[tensor.shape for tensor in inputs])
-    mapped = tf.raw_ops.MapDataset(input_dataset=dataset, other_arguments=[], f=mapping, output_types=types,
-                                   output_shapes=element_shapes, use_inter_op_parallelism=False,
-                                   preserve_cardinality=True)
-    return tf.raw_ops.DatasetToSingleElement(dataset=mapped, output_types=types, output_shapes=element_shapes)
+    dataset = tf.raw_ops.TensorDataset(components=tensors, output_shapes=[tensor.shape for tensor in tensors])
+    mapped = tf.raw_ops.MapDataset(input_dataset=dataset, other_arguments=[], f=mapping, output_types=dtypes,
+                                   output_shapes=shapes, use_inter_op_parallelism=False, preserve_cardinality=True)
+    return tf.raw_ops.DatasetToSingleElement(dataset=mapped, output_types=dtypes, output_shapes=shapes)

@@ -9,9 +9,30 @@ per process set: a set's collectives leave the job's numbering alone.
 
 import tensorflow as tf
 
-from ..core.process_sets import is_job, name_in, require_member
+from ..core import process_sets, runtime
+from ..core.process_sets import ProcessSet, includes_this_rank, is_job, name_in
+from .errors import InvalidArgumentError
 
-__all__ = ["collective_name", "what"]
+__all__ = ["collective_name", "require_member", "what"]
+
+
+def require_member(process_set, what: str) -> None:
+    """The core's check that this rank may call a collective on `process_set`, raising
+    Horovod's classes: tf.errors.InvalidArgumentError (hvdplus.tensorflow's, a ValueError
+    too) for a set hvdplus holds that does not include this rank, the core's ValueError for
+    a set it does not hold (never added, removed, or a forged id)."""
+    try:
+        process_sets.require_member(process_set, what)
+    except ValueError as error:
+        if _held_without_this_rank(process_set):
+            raise InvalidArgumentError(None, None, str(error)) from None
+        raise
+
+
+def _held_without_this_rank(process_set) -> bool:
+    return (runtime.is_initialized() and isinstance(process_set, ProcessSet)
+            and process_set.process_set_id is not None
+            and includes_this_rank(process_set.process_set_id, "process set") is False)
 
 
 def collective_name(kind: str, name=None, process_set=None) -> str:
@@ -20,8 +41,8 @@ def collective_name(kind: str, name=None, process_set=None) -> str:
     set 3 `hvdplus_set3_allreduce_2`): in a tf.function, unique in the function; in a
     tf.compat.v1 graph, unique in it and the functions it holds.
 
-    NotInitializedError, and the core's ValueError for a set that does not include this
-    rank, are raised here: when the call is made or traced, not when a graph runs."""
+    NotInitializedError, and require_member's errors for a set this rank may not use, are
+    raised here: when the call is made or traced, not when a graph runs."""
     require_member(process_set, f"{kind}()")
     if name is not None:
         return str(name)

@@ -6,7 +6,7 @@ import tensorflow as tf
 from ..core import collectives
 from ..core.process_sets import global_process_set
 from .buffers import run_on_host
-from .collective_names import collective_name
+from .collective_names import collective_name, require_member
 
 __all__ = ["broadcast_variables", "broadcast_", "broadcast_global_variables", "BroadcastGlobalVariablesHook",
            "broadcast_object", "allgather_object"]
@@ -26,7 +26,7 @@ def broadcast_variables(variables, root_rank=0, process_set=global_process_set):
         process_set: the ranks that take the root's values; the whole job by default.
     """
     variables = list(variables)
-    name = collective_name("broadcast_variables", None, process_set)  # a rank outside the set: ValueError
+    name = collective_name("broadcast_variables", None, process_set)  # a rank outside the set raises here
     if not variables:
         return
     values = [tf.convert_to_tensor(variable) for variable in variables]
@@ -83,10 +83,12 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
 def broadcast_object(obj=None, root_rank=0, name=None, process_set=global_process_set):
     """`root_rank`'s picklable `obj` on every rank of `process_set` (eager tensors
     included); `root_rank` is a job rank. Call it eagerly, outside tf.function."""
+    require_member(process_set, "broadcast_object()")
     return collectives.broadcast_object(obj, root_rank, name, process_set)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Every rank's picklable `obj`, as a list in the order of `process_set`'s ranks; call
     it eagerly."""
+    require_member(process_set, "allgather_object()")
     return collectives.allgather_object(obj, name, process_set)

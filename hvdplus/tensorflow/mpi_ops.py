@@ -7,14 +7,16 @@ gradients, so a model may call them in its forward pass:
     allgather                      the average over ranks of the rows this rank contributed
     broadcast                      on the root, the average over ranks; zeros elsewhere
     alltoall                       the upstream rows sent back where they came from
-    reducescatter                  the upstream blocks allgathered, times size() for Sum
+    reducescatter                  the upstream blocks allgathered, times the scale factors and
+                                   size() for Sum (common.scaling.reducescatter_gradient_factor)
 
 (the gradients Horovod defines: each rank's loss is taken as its share of one mean).
 
 Each takes `process_set=` (hvdplus.ProcessSet; the whole job by default): the collective, and
 its gradient, run over the ranks of that set only, which must all call it; ranks (broadcast
-roots, join's answer) are job ranks, as in Horovod. A rank outside the set gets the core's
-ValueError when it calls the collective, or when tf.function traces it.
+roots, join's answer) are job ranks, as in Horovod. A rank outside the set gets Horovod's
+tf.errors.InvalidArgumentError (a ValueError too) when it calls the collective, or when
+tf.function traces it; a set hvdplus does not hold (removed, or a forged id) a ValueError.
 
 tf.IndexedSlices (the gradients of tf.gather and of embeddings) are all-reduced as Horovod
 does: every rank's values and indices are gathered, and repeated indices add up where the
@@ -28,11 +30,12 @@ import numpy as np
 import tensorflow as tf
 
 from ..common.reduce_ops import Adasum, Average, Sum, as_reduce_op, reduce_op_from
+from ..common.scaling import reducescatter_gradient_factor
 from ..common.sparse import GATHERED_OPS, divides_gathered
 from ..core import collectives, runtime
-from ..core.process_sets import global_process_set, rank_in, require_member, size_in
+from ..core.process_sets import global_process_set, rank_in, size_in
 from .buffers import as_tensor, run_on_host
-from .collective_names import collective_name, what
+from .collective_names import collective_name, require_member, what
 from .compression import Compression
 
 __all__ = [
@@ -269,7 +272,13 @@ def _broadcast(tensor, root_rank, name, process_set):
     def give(x):
         def grad(upstream):
             averaged = _allreduce(upstream, f"{name}.grad", Average, 1.0, 1.0, process_set)
-            return averaged if runtime.rank() == root_rank else tf.zeros_like(averaged)  # job ranks both
+            if runtime.rank() == root_rank:  # job ranks both
+                return averaged
+            # A Session runs only what its fetches need, and zeros of a known shape need
+            # nothing: without this dependency the other ranks would never submit the
+            # all-reduce the root waits for.
+            with tf.control_dependencies([averaged]):
+                return tf.zeros_like(averaged)
 
         return _host_broadcast(x, root_rank, name, process_set), grad
 
@@ -343,8 +352,8 @@ def _reducescatter(tensor, name, op, prescale, postscale, process_set):
         def grad(upstream):
             _check_differentiable("reducescatter", op)
             gathered = _allgather(upstream, f"{name}.grad", process_set)
-            # Horovod's gradient: the blocks gathered, times the set's size for Sum.
-            return gathered * tf.cast(_set_size(process_set), gathered.dtype) if op == Sum else gathered
+            factor = reducescatter_gradient_factor(op, prescale, postscale, _set_size(process_set))
+            return gathered if factor == 1.0 else gathered * tf.cast(factor, gathered.dtype)
 
         return _host_reducescatter(x, name, op, prescale, postscale, process_set), grad
 
@@ -396,7 +405,7 @@ def reduce(tensor, root_rank=0, op=Average, name=None, prescale_factor=1.0, post
 def join(process_set=global_process_set):
     """This rank is out of data (see hvdplus.join); returns the last rank (a job rank) of
     `process_set` to join, as an int32 scalar tensor."""
-    require_member(process_set, "join()")  # a rank outside the set: ValueError now, not when a graph runs
+    require_member(process_set, "join()")  # a rank outside the set: raised now, not when a graph runs
     return run_on_host(lambda: [np.int32(collectives.join(process_set))], [], [tf.int32], [tf.TensorShape([])])[0]
 
 

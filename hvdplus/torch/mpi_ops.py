@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
+from ..common.scaling import reducescatter_gradient_factor
 from ..common.sparse import GATHERED_OPS, divides_gathered
 from ..core import collectives, runtime
 from ..core.handles import Handle, HandleGroup
@@ -423,21 +424,22 @@ def _scattered(tensors, name, grouped, op, process_set, prescale_factor, postsca
 
 
 class _ReducescatterFunction(torch.autograd.Function):
-    """Horovod's gradient: every rank's incoming gradient gathered, times the scale factors,
-    and times the set's size for Sum."""
+    """Horovod's gradient: every rank's incoming gradient gathered, times the factor
+    common.scaling.reducescatter_gradient_factor gives (the scale factors, and the set's size
+    for Sum), as hvdplus.tensorflow's is."""
 
     @staticmethod
     def forward(ctx, name, grouped, op, process_set, prescale_factor, postscale_factor, compression, *tensors):
         blocks = _scattered(list(tensors), name, grouped, op, process_set, prescale_factor, postscale_factor,
                             compression)
-        ctx.op, ctx.scale, ctx.process_set = op, prescale_factor * postscale_factor, process_set
+        ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
         return tuple(blocks)
 
     @staticmethod
     def backward(ctx, *grads):
         _check_gradient_op("reducescatter", ctx.op)
-        scale = ctx.scale * (size_in(ctx.process_set, "reducescatter()") if ctx.op == Sum else 1)
-        gathered = grouped_allgather_async([(g * scale).contiguous() for g in grads], process_set=ctx.process_set)
+        factor = reducescatter_gradient_factor(ctx.op, *ctx.scales, size_in(ctx.process_set, "reducescatter()"))
+        gathered = grouped_allgather_async([(g * factor).contiguous() for g in grads], process_set=ctx.process_set)
         return (None,) * 7 + tuple(gathered.wait())
 
 

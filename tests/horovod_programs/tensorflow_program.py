@@ -11,6 +11,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
+from horovod.tensorflow.util import _executing_eagerly  # noqa: E402 (as Horovod's tests import it)
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -119,6 +120,34 @@ for call in (hvd.alltoall, tf.function(hvd.alltoall)):
         pass
     else:
         raise AssertionError("an uneven alltoall without splits did not raise InvalidArgumentError")
+
+# Process sets as Horovod's test_horovod_allreduce_process_set_id_error drives them: a set
+# without this rank raises InvalidArgumentError, one with a forged id ValueError; the private
+# names Horovod's tests read, served by the alias.
+assert _executing_eagerly() and hvd._executing_eagerly() and hvd.util._executing_eagerly()
+assert not tf.function(hvd._executing_eagerly)()
+first, rest = hvd.add_process_set([0]), hvd.add_process_set(range(1, size))
+assert hvd.mpi_ops._basics._get_process_set_ids_and_ranks() == {
+    0: list(range(size)), first.process_set_id: [0], rest.process_set_id: list(range(1, size))}
+for call in (hvd.allreduce, tf.function(hvd.allreduce)):
+    try:
+        call(tf.ones(4), process_set=rest if rank == 0 else first)
+    except tf.errors.InvalidArgumentError as error:
+        assert f"which does not include rank {rank}" in str(error), error
+    else:
+        raise AssertionError("an allreduce on a set without this rank did not raise InvalidArgumentError")
+forged = hvd.ProcessSet([0])
+forged.process_set_id = 10
+try:
+    hvd.allreduce(tf.ones(4), process_set=forged)
+except tf.errors.InvalidArgumentError:
+    raise AssertionError("a forged process set id raised InvalidArgumentError, not ValueError") from None
+except ValueError:
+    pass
+else:
+    raise AssertionError("an allreduce on a forged process set id did not raise ValueError")
+hvd.remove_process_set(first)
+hvd.remove_process_set(rest)
 
 # SyncBatchNormalization takes Horovod's fused=False; its statistics cover every rank's rows.
 rows = np.arange(4 * size * 3, dtype=np.float32).reshape(4 * size, 3) ** 1.5

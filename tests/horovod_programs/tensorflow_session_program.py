@@ -10,7 +10,7 @@ thread's stack. Every result is checked against numpy. Then the v1 ways to start
 broadcast_global_variables and BroadcastGlobalVariablesHook in a graph built after
 hvd.init(), and gradients all-reduced per variable (two independent collectives a step),
 in a Session and in a MonitoredTrainingSession, against numpy's full-batch descent; and
-Horovod's errors for what it refuses."""
+Horovod's errors for what it refuses, of Horovod's classes."""
 
 import faulthandler
 import os
@@ -183,7 +183,8 @@ def check_training():
 
 def check_refusals():
     """Horovod's errors: NotImplementedError when an IndexedSlices reduction Horovod does not
-    support is built, InvalidArgumentError when an alltoall the ranks cannot split runs."""
+    support is built, InvalidArgumentError when an alltoall the ranks cannot split runs,
+    FailedPreconditionError, naming the tensor and the ranks, when ranks disagree."""
     for refused in (dict(op=hvd.Max), dict(op=hvd.Sum, postscale_factor=2.0)):
         try:
             hvd.allreduce(indexed(0), **refused)
@@ -199,8 +200,21 @@ def check_refusals():
             assert "not divisible" in error.message, error.message
         else:
             raise AssertionError("an uneven alltoall without splits did not raise InvalidArgumentError")
+    mismatched = hvd.allreduce(tf.ones([2] if rank == 0 else [3]), name="mismatched")
+    with tf.compat.v1.Session(config=session_config(1)) as session:
+        try:
+            session.run(mismatched)
+        except tf.errors.FailedPreconditionError as error:
+            assert "Mismatched shapes for 'mismatched'" in error.message, error.message
+            others = "rank 1" if size == 2 else "ranks " + ", ".join(map(str, range(1, size)))
+            assert "rank 0" in error.message and others in error.message, error.message
+        else:
+            raise AssertionError("an allreduce whose shapes differ did not raise FailedPreconditionError")
 
 
+# The private names Horovod's tests read, served by the alias.
+assert not hvd._executing_eagerly() and not hvd.util._executing_eagerly()
+assert hvd.mpi_ops._basics._get_process_set_ids_and_ranks() == {0: list(range(size))}
 for check in (check_collectives, check_training, check_refusals):
     with tf.Graph().as_default():
         faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)

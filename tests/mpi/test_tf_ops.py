@@ -306,7 +306,7 @@ GRAPH_ERROR = tf.errors.InvalidArgumentError  # what TensorFlow makes of a TypeE
 @needs_two
 @pytest.mark.parametrize("mode", MODES)
 def test_mismatched_shapes_raise_everywhere(mode, rank):
-    error = hvd.TensorMismatchError if mode == "eager" else GRAPH_ERROR
+    error = hvd.TensorMismatchError if mode == "eager" else tf.errors.FailedPreconditionError
     with pytest.raises(error, match="Mismatched shapes for 'grad/w'"):
         run(mode, lambda x: hvd.allreduce(x, name="grad/w"), tf.zeros([17 + rank, 3]))
     assert_close(run(mode, lambda x: hvd.allreduce(x, op=hvd.Sum), tf.ones([2])), np.full(2, hvd.size()), tf.float32)
@@ -362,15 +362,28 @@ def test_broadcast_in_place_and_grouped_reducescatter(mode, rank, size):
     np.testing.assert_array_equal(parts[1].numpy(), [size])
 
 
-def test_a_mismatch_is_horovods_failed_precondition_eagerly_and_invalid_argument_in_a_graph(rank, size):
-    if size < 2:
-        pytest.skip("needs two ranks")
+def in_a_session(build):
+    """What `build()` gives, run by a tf.compat.v1 Session in a graph of its own."""
+    with tf.Graph().as_default():
+        fetches = build()
+        with tf.compat.v1.Session() as session:
+            return session.run(fetches)
+
+
+@needs_two
+@pytest.mark.parametrize("mode", ["eager", "graph", "session"])
+def test_a_mismatch_is_horovods_failed_precondition_in_every_mode(mode, rank, size):
     shape = [2] if rank == 0 else [3]
-    with pytest.raises(tf.errors.FailedPreconditionError, match="Mismatched shapes") as caught:
-        hvd.allreduce(tf.ones(shape), name="mismatch.eager")
-    assert isinstance(caught.value, hvd.TensorMismatchError)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="Mismatched shapes"):
-        tf.function(lambda: hvd.allreduce(tf.ones(shape), name="mismatch.graph"))()
+    name = f"mismatch.{mode}"
+    call = lambda: hvd.allreduce(tf.ones(shape), name=name)  # noqa: E731
+    with pytest.raises(tf.errors.FailedPreconditionError, match=f"Mismatched shapes for '{name}'") as caught:
+        in_a_session(call) if mode == "session" else run(mode, call)
+    others = "rank 1" if size == 2 else "ranks " + ", ".join(map(str, range(1, size)))
+    assert "rank 0" in str(caught.value) and others in str(caught.value), caught.value
+    assert isinstance(caught.value, hvd.TensorMismatchError) == (mode == "eager")
+    # The job goes on: the next collective of every mode runs.
+    total = lambda: hvd.allreduce(tf.ones([2]), op=hvd.Sum)  # noqa: E731
+    np.testing.assert_array_equal(in_a_session(total) if mode == "session" else run(mode, total), [size] * 2)
 
 
 def test_compat_v1_graph_broadcasts_global_variables_and_runs_the_hook(rank, size):

@@ -255,7 +255,7 @@ def test_broadcast_variables_from_a_job_rank_of_the_set(mode, mine):
 
 # -- a rank outside the set ----------------------------------------------------------------------
 @pytest.mark.parametrize("mode", MODES)
-def test_a_rank_outside_the_set_gets_the_cores_value_error(mode, sets):
+def test_a_rank_outside_the_set_gets_horovods_invalid_argument_error(mode, sets):
     other = sets[1]
     message = re.escape(f"on process set {other.ranks}, which does not include rank {hvd.rank()}")
     x, variable = tf.ones([2, 2]), tf.Variable(tf.ones([2, 2]))
@@ -275,8 +275,15 @@ def test_a_rank_outside_the_set_gets_the_cores_value_error(mode, sets):
         calls["broadcast_object"] = lambda: hvd.broadcast_object(1, other.ranks[0], process_set=other)
         calls["allgather_object"] = lambda: hvd.allgather_object(1, process_set=other)
     for kind, call in calls.items():
-        with pytest.raises(ValueError, match=re.escape(f"{kind}() ") + message):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(f"{kind}() ") + message) as caught:
             run(mode, call)
+        assert isinstance(caught.value, ValueError)  # still the core's class too
+    # A set hvdplus does not hold (a forged id, as Horovod's test makes one) is a ValueError alone.
+    forged = hvd.ProcessSet([0])
+    forged.process_set_id = 10
+    with pytest.raises(ValueError, match="was removed") as caught:
+        run(mode, lambda: hvd.allreduce(x, process_set=forged))
+    assert not isinstance(caught.value, tf.errors.OpError)
     # Nothing was left half-submitted: both sets and the job still work.
     assert hvd.allgather_object(hvd.rank(), process_set=sets[0]) == sets[0].ranks
     np.testing.assert_array_equal(hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy(), [hvd.size()])

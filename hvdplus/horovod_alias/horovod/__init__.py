@@ -43,9 +43,18 @@ RENAMED = {
     "horovod.torch.elastic.state": "hvdplus.torch.elastic",
     "horovod.tensorflow.mpi_ops": "hvdplus.tensorflow",
     "horovod.tensorflow.functions": "hvdplus.tensorflow",
+    "horovod.tensorflow.util": "hvdplus.tensorflow",
     "horovod.keras.callbacks": "hvdplus.keras.callbacks",
     "horovod.keras.elastic": "hvdplus.keras.elastic",
 }
+
+# Horovod's module -> the hvdplus module whose PRIVATE_NAMES[module] it also holds: private names
+# that programs copied from Horovod's tests call, kept off hvdplus's own modules.
+PRIVATE = {name: "hvdplus.horovod_alias.tensorflow_private"
+           for name in ("horovod.tensorflow", "horovod.tensorflow.mpi_ops", "horovod.tensorflow.util")}
+# Horovod's package -> its submodules that are attributes of it (`hvd.mpi_ops`), as they are
+# where the package imports them itself.
+SUBMODULES = {"horovod.tensorflow": ("mpi_ops", "util")}
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -78,6 +87,10 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__doc__ = target.__doc__
         module.__getattr__ = lambda attribute: getattr(target, attribute)
         module.__path__ = []  # a package, so that its submodules resolve through this finder
+        if name in PRIVATE:
+            module.__dict__.update(importlib.import_module(PRIVATE[name]).PRIVATE_NAMES[name])
+        for submodule in SUBMODULES.get(name, ()):
+            setattr(module, submodule, importlib.import_module(f"{name}.{submodule}"))
 
 
 if not any(isinstance(finder, _Alias) for finder in sys.meta_path):
