@@ -1,7 +1,7 @@
 """Runs the suites under tests/mpi/ inside real MPI jobs of 1, 2, 3 and 4 ranks (odd sizes
-catch ring and split arithmetic), a job per file, and the topology suite with ranks posing
-as nodes. A failure names the file, the test, the rank and the assertion
-(tests/testkit/rank_reports.py)."""
+catch ring and split arithmetic), a job per file, the topology suite with ranks posing as
+nodes, and the Keras suites once per Keras backend and under Keras 2. A failure names the
+file, the test, the rank and the assertion (tests/testkit/rank_reports.py)."""
 
 import glob
 import importlib.util
@@ -103,6 +103,22 @@ def test_keras_on_each_backend(mpi_job, backend, nranks):
     if importlib.util.find_spec("keras") is None or importlib.util.find_spec(backend) is None:
         pytest.skip(f"keras with the {backend} backend is not installed")
     mpi_job.run_pytest_on_ranks(nranks, ["tests/mpi/keras"], env={"KERAS_BACKEND": backend}, timeout=380)
+
+
+# Where TF_USE_LEGACY_KERAS=1 makes tf.keras tf_keras (Keras 2): the Keras 2 suite, and the
+# TensorFlow suites' tests that build on tf.keras layers (tf_keras' have tf.Variables, keyed by
+# .ref(), and a fused kernel). At 2 ranks only: the rest of the TensorFlow adapter runs alike
+# whichever Keras is there, at 1 and 3 ranks above.
+KERAS_2_TESTS = ["tests/mpi/keras2",
+                 "tests/mpi/test_tf_tape.py::test_partial_tape_keeps_local_layers_gradients_and_scales_them",
+                 "tests/mpi/test_tf_tape.py::test_sync_batch_normalization_normalizes_with_the_global_batch"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tensorflow_with_keras_2_on_two_ranks(mpi_job):
+    pytest.importorskip("tf_keras")
+    mpi_job.run_pytest_on_ranks(2, KERAS_2_TESTS, env={"TF_USE_LEGACY_KERAS": "1"})
 
 
 @pytest.mark.timeout(300)

@@ -69,7 +69,11 @@ class _DistributedGradientTape:
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         """The wrapped tape's gradients, all-reduced over every rank of the process set; same
         structure as `sources`."""
-        gradients = super().gradient(target, sources, output_gradients, unconnected_gradients)
+        return self._allreduced(super().gradient(target, sources, output_gradients, unconnected_gradients), sources)
+
+    def _allreduced(self, gradients, sources):
+        """`gradients` of `sources` (any one structure) reduced as `gradient()` reduces its own:
+        for optimizers that compute their gradients themselves (tf_keras', tf.compat.v1's)."""
         if not self._reduces:
             return gradients
         flat = tf.nest.flatten(gradients)

@@ -12,8 +12,9 @@ if os.environ.get("HVDPLUS_MPI_TESTS") == "1":
     hvd.init()
 
 # The Keras suite runs once per backend, named on its own (tests/mpi/keras with KERAS_BACKEND
-# set), so the framework-free suites never import keras.
-collect_ignore = ["keras"]
+# set), so the framework-free suites never import keras; the Keras 2 one (tests/mpi/keras2)
+# where TF_USE_LEGACY_KERAS=1 makes tf.keras tf_keras.
+collect_ignore = ["keras", "keras2"]
 
 
 @pytest.fixture(scope="module")

@@ -165,17 +165,16 @@ def test_partial_tape_keeps_local_layers_gradients_and_scales_them(mode):
 def test_sync_batch_normalization_normalizes_with_the_global_batch(mode):
     rank, size = hvd.rank(), hvd.size()
     rng = np.random.default_rng(9)
-    everyone = [rng.normal(loc=r, scale=1 + r, size=(r + 2, 3)).astype("float32") for r in range(size)]
+    # Images (NHWC): tf_keras (TF_USE_LEGACY_KERAS=1) would normalize 4-D inputs with its fused
+    # kernel, which computes this rank's statistics alone.
+    everyone = [rng.normal(loc=r, scale=1 + r, size=(r + 2, 2, 2, 3)).astype("float32") for r in range(size)]
     layer = hvd.SyncBatchNormalization(momentum=0.5)
-    reference = tf.keras.layers.BatchNormalization(momentum=0.5)  # one process, the whole batch
-    mine = tf.constant(everyone[rank])
+    got = run(mode, lambda: layer(tf.constant(everyone[rank]), training=True))
 
-    def forward():
-        return layer(mine, training=True)
-
-    got = run(mode, forward)
-    whole = reference(tf.constant(np.concatenate(everyone)), training=True)
-    start = sum(len(rows) for rows in everyone[:rank])
-    np.testing.assert_allclose(got.numpy(), whole.numpy()[start:start + len(everyone[rank])], rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(layer.moving_mean.numpy(), reference.moving_mean.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(layer.moving_variance.numpy(), reference.moving_variance.numpy(), rtol=1e-4)
+    # One process, the whole batch: per channel, its mean and (biased) variance.
+    whole = np.concatenate(everyone).astype("float64")
+    mean, variance = whole.mean(axis=(0, 1, 2)), whole.var(axis=(0, 1, 2))
+    want = (everyone[rank] - mean) / np.sqrt(variance + layer.epsilon)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.5 * mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), 0.5 + 0.5 * variance, rtol=1e-5)

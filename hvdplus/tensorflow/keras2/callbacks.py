@@ -7,6 +7,7 @@ import tf_keras
 
 from ...core import fit_callbacks
 from ..functions import broadcast_variables
+from .mpi_ops import evaluated
 from .optimizer import build_optimizer
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
@@ -23,7 +24,8 @@ class BroadcastGlobalVariablesCallback(fit_callbacks.BroadcastGlobalVariables, t
     ValueError. `device` is accepted for Horovod's signature."""
 
     def _broadcast_variables(self, variables, prefix):
-        broadcast_variables(variables, self.root_rank, self.process_set)
+        # A model built in a tf.compat.v1 graph gets the op, run in Keras' session.
+        evaluated(broadcast_variables(variables, self.root_rank, self.process_set))
 
     def _optimizer_variables(self, optimizer):
         return build_optimizer(optimizer, self.model.trainable_variables)
@@ -55,12 +57,12 @@ class _OptimizerLearningRate:
         before = self._learning_rate() if momentum is not None else 0.0
         super()._apply(epoch)
         if before:
-            self._saved_momentum = float(momentum.numpy())
-            momentum.assign(self._saved_momentum * self._learning_rate() / before)
+            self._saved_momentum = float(tf_keras.backend.get_value(momentum))
+            tf_keras.backend.set_value(momentum, self._saved_momentum * self._learning_rate() / before)
 
     def on_train_batch_end(self, batch, logs=None):
         if self._saved_momentum is not None:
-            self._momentum_variable().assign(self._saved_momentum)
+            tf_keras.backend.set_value(self._momentum_variable(), self._saved_momentum)
             self._saved_momentum = None
         super().on_train_batch_end(batch, logs)
 

@@ -18,8 +18,8 @@ __all__ = ["allreduce", "allgather", "broadcast", "reducescatter", "broadcast_ob
 
 
 def evaluated(result):
-    """`result` itself eagerly; in a tf.compat.v1 graph, its value, run in Keras' session."""
-    return result if tf.executing_eagerly() else tf.compat.v1.keras.backend.get_session().run(result)
+    """`result` itself eagerly (or None); in a tf.compat.v1 graph, its value, run in Keras' session."""
+    return result if result is None or tf.executing_eagerly() else tf.compat.v1.keras.backend.get_session().run(result)
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,

@@ -1,13 +1,18 @@
 """DistributedOptimizer for tf_keras (Keras 2) optimizers, `tf.keras.optimizers.legacy.*`
 included: the gradients the optimizer computes are all-reduced, as in Horovod.
 
-Keras 2's `model.fit` (like `optimizer.minimize`) has the optimizer compute the gradients
-from the step's tape: `compute_gradients` in the optimizers of TensorFlow 2.11 and later,
-`_compute_gradients` in the legacy ones. The wrapped optimizer hands that tape on as a
-hvdplus.tensorflow DistributedGradientTape, which all-reduces the step's gradients in one
-host op inside its tf.function (IndexedSlices gathered, compression, process sets and local
-variables as the tape has them). As in Horovod, `apply_gradients` applies what it is given:
-a custom loop all-reduces with DistributedGradientTape.
+Keras 2's `model.fit` (like `optimizer.minimize`) has the optimizer compute the gradients:
+from the step's tape, in `compute_gradients` (the optimizers of TensorFlow 2.11 and later) or
+`_compute_gradients` (the legacy ones); in a tf.compat.v1 graph, from the graph, in the legacy
+optimizers' `get_gradients`. The wrapped optimizer all-reduces what these return as a
+hvdplus.tensorflow DistributedGradientTape reduces its gradients: in one host op inside the
+training step (IndexedSlices gathered, compression, process sets and local variables as the
+tape has them). As in Horovod, `apply_gradients` applies what it is given: a custom loop
+all-reduces with DistributedGradientTape.
+
+With `backward_passes_per_step=N` the passes' gradients add up on each rank and are
+all-reduced on every N-th pass, which alone `apply_gradients` applies
+(hvdplus.tensorflow.gradient_accumulation).
 
 The wrapped optimizer is an instance of a subclass of the user's optimizer class that keeps
 its name and configuration, so a saved model holds the plain optimizer and
@@ -22,6 +27,7 @@ from ...common.mixed_classes import mixed_class
 from ...common.reduce_ops import Average, Sum, as_reduce_op
 from ...core.process_sets import global_process_set
 from ..compression import Compression
+from ..gradient_accumulation import GradientAccumulation, allreduced_or_accumulated
 from ..gradient_tape import DistributedGradientTape
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "distributed_class", "optimizer_classes",
@@ -33,25 +39,46 @@ class _DistributedOptimizer:
 
     _hvdplus_tape_options = {}
     _hvdplus_local_variables = ()
+    _hvdplus_accumulation = None  # a GradientAccumulation, with backward_passes_per_step above 1
 
     def compute_gradients(self, loss, var_list, tape=None):
-        return super().compute_gradients(loss, var_list, self._hvdplus_tape(loss, tape))
+        return self._hvdplus_reduced(super().compute_gradients(loss, var_list, tape))
 
     def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
-        return super()._compute_gradients(loss, var_list, grad_loss, self._hvdplus_tape(loss, tape))
+        if not hasattr(super(), "_compute_gradients"):
+            # The legacy optimizers' name for it, which programs written for them call on the others too.
+            return self.compute_gradients(loss, var_list, tape)
+        return self._hvdplus_reduced(super()._compute_gradients(loss, var_list, grad_loss, tape))
+
+    def get_gradients(self, loss, params):
+        params = tf.nest.flatten(params)
+        return [grad for grad, _ in self._hvdplus_reduced(zip(super().get_gradients(loss, params), params))]
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        if self._hvdplus_accumulation is None:
+            return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        grads_and_vars = list(grads_and_vars)
+        with tf.init_scope():  # the slots, before the update that uses them goes into a tf.cond
+            build_optimizer(self, [variable for _, variable in grads_and_vars])
+        return self._hvdplus_accumulation.apply(
+            [grad for grad, _ in grads_and_vars],
+            lambda: super(_DistributedOptimizer, self).apply_gradients(grads_and_vars, *args, **kwargs),
+            lambda: self.iterations.assign_add(1, read_value=False))
 
     def register_local_var(self, var):
         """Keep `var`'s gradient on this rank, not all-reduced (divided by the number of ranks
         unless scale_local_gradients=False), as Horovod's does."""
         self._hvdplus_local_variables = (*self._hvdplus_local_variables, var)
 
-    def _hvdplus_tape(self, loss, tape):
-        if tape is None and not callable(loss):
-            return None  # the optimizer's own error: a Tensor loss needs its tape
-        tape = DistributedGradientTape(tape if tape is not None else tf.GradientTape(), **self._hvdplus_tape_options)
+    def _hvdplus_reduced(self, grads_and_vars):
+        return allreduced_or_accumulated(grads_and_vars, self._hvdplus_allreduced, self._hvdplus_accumulation)
+
+    def _hvdplus_allreduced(self, grads, variables):
+        # A tape made for each step reads the size of the job or process set as it is then.
+        tape = DistributedGradientTape(tf.GradientTape(), **self._hvdplus_tape_options)
         for variable in self._hvdplus_local_variables:
             tape.register_local_source(variable)
-        return tape
+        return tape._allreduced(grads, variables)
 
 
 def optimizer_classes(legacy=False):
@@ -93,9 +120,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         sparse_as_dense: densify IndexedSlices gradients instead of gathering them.
         gradient_predivide_factor: with Average, divide by f before the sum and by size/f after.
         op: Average (default) or Sum over ranks.
-        backward_passes_per_step: 1; tf_keras optimizers have no gradient accumulation to
-            build on (Keras 3's DistributedOptimizer has it).
-        average_aggregated_gradients: accepted, with backward_passes_per_step=1.
+        backward_passes_per_step: passes whose gradients add up on each rank before they are
+            all-reduced and applied, together; the optimizer's `iterations` counts every pass.
+        average_aggregated_gradients: divide those sums by backward_passes_per_step (True) or
+            apply them whole (False, as Horovod).
         num_groups: accepted for Horovod's signature; one step's gradients travel as one group.
         groups: likewise.
         process_set: the ranks whose gradients are averaged; the whole job by default. A rank
@@ -108,15 +136,16 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                         f"not {type(optimizer).__module__}.{type(optimizer).__name__}")
     if as_reduce_op(op) not in (Average, Sum):
         raise ValueError("op currently only supports Average and Sum")
-    if backward_passes_per_step != 1:
-        raise NotImplementedError(
-            f"backward_passes_per_step={backward_passes_per_step}: hvdplus accumulates gradients on Keras 3 "
-            "optimizers only; under TF_USE_LEGACY_KERAS use backward_passes_per_step=1")
     wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
     wrapped._hvdplus_tape_options = dict(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, process_set=process_set,
         scale_local_gradients=scale_local_gradients)
+    if backward_passes_per_step != 1:
+        # Keras' session in a v1 graph initializes the variables Keras made.
+        wrapped._hvdplus_accumulation = GradientAccumulation(
+            backward_passes_per_step, average_aggregated_gradients, wrapped._hvdplus_allreduced,
+            make_variable=lambda value, name: tf_keras.backend.variable(value, value.dtype, name))
     return wrapped
 
 
