@@ -13,6 +13,15 @@ from ..core.process_sets import global_process_set
 from . import backends
 from .compression import Compression
 
+# The gradient group's name: one name for every step and every model. Keras makes up variable
+# paths from per-process counters ("dense_3/kernel"), which differ between ranks when one rank
+# has built other layers first (an evaluation model, a probe on rank 0 only), so a name built
+# from them would stall the job; one built from the shapes would turn models that differ
+# between ranks into a stall rather than an error that names the shapes. The same name in
+# every step is also what the engine's response cache keeps. (In a TensorFlow graph each
+# trace names its collectives itself: see backends/tensorflow.py.)
+GRADIENTS_GROUP = "keras.gradients"
+
 __all__ = ["allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object", "allgather_object",
            "allreduce_gradients"]
 
@@ -65,7 +74,7 @@ def allreduce_gradients(grads, variables, op=Average, prescale_factor=1.0, posts
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         return list(grads)
-    group = "keras." + _variable_name(variables, present[0])
+    group = GRADIENTS_GROUP
     reduced = backends.for_backend(keras.backend.backend()).grouped_allreduce(
         [grads[i] for i in present], [variables[i] for i in present], op, prescale_factor, postscale_factor, group,
         process_set)
@@ -73,7 +82,3 @@ def allreduce_gradients(grads, variables, op=Average, prescale_factor=1.0, posts
     for index, tensor in zip(present, reduced):
         result[index] = tensor
     return result
-
-
-def _variable_name(variables, index):
-    return getattr(variables[index], "path", None) or f"variable.{index}"

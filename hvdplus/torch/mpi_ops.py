@@ -81,6 +81,13 @@ def _differentiable(*tensors):
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
+def _forward_name(kind, name, process_set):
+    """The forward collective's name, resolved now, so that its gradient collective can be
+    named from it ("<name>.grad"): call order then names only the forward, and a gradient's
+    name cannot differ between ranks however autograd orders the backward pass."""
+    return name_in(process_set, kind, name, f"{kind}()")
+
+
 def _check_gradient_op(kind, op):
     """Only Sum and Average have a gradient: RuntimeError for the others."""
     if op not in (Average, Sum):
@@ -122,13 +129,15 @@ class _AllreduceFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compression, process_set):
-        ctx.reduction = (op, prescale_factor, postscale_factor, compression, process_set)
+        name = _forward_name("adasum" if op == ReduceOp.ADASUM else "allreduce", name, process_set)
+        ctx.name, ctx.reduction = name, (op, prescale_factor, postscale_factor, compression, process_set)
         return _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression, process_set)
 
     @staticmethod
     def backward(ctx, grad):
         _check_gradient_op("allreduce", ctx.reduction[0])
-        return _allreduce_plain(grad.contiguous(), None, *ctx.reduction), None, None, None, None, None, None
+        reduced = _allreduce_plain(grad.contiguous(), f"{ctx.name}.grad", *ctx.reduction)
+        return reduced, None, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
@@ -192,13 +201,15 @@ class _GroupedAllreduceFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, name, op, prescale_factor, postscale_factor, compression, process_set, *tensors):
+        ctx.name = _forward_name("grouped_allreduce", name, process_set)
         ctx.reduction = (op, prescale_factor, postscale_factor, compression, process_set)
-        return tuple(_grouped_allreduce_plain(tensors, name, *ctx.reduction))
+        return tuple(_grouped_allreduce_plain(tensors, ctx.name, *ctx.reduction))
 
     @staticmethod
     def backward(ctx, *grads):
         _check_gradient_op("grouped_allreduce", ctx.reduction[0])
-        return (None,) * 6 + tuple(_grouped_allreduce_plain([g.contiguous() for g in grads], None, *ctx.reduction))
+        reduced = _grouped_allreduce_plain([g.contiguous() for g in grads], f"{ctx.name}.grad", *ctx.reduction)
+        return (None,) * 6 + tuple(reduced)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -261,15 +272,18 @@ class _AllgatherFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, name, grouped, process_set, *tensors):
-        gathered = _gathered(list(tensors), name, grouped, process_set)
+        ctx.name = _forward_name("grouped_allgather" if grouped else "allgather", name, process_set)
+        gathered = _gathered(list(tensors), ctx.name, grouped, process_set)
         ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
         return tuple(gathered)
 
     @staticmethod
     def backward(ctx, *grads):
         process_set = ctx.process_set
-        averaged = grouped_allreduce_async([g.contiguous() for g in grads], op=Average, process_set=process_set)
-        every_rows = collectives.allgather(np.array([ctx.rows], dtype=np.int64), process_set=process_set)
+        averaged = grouped_allreduce_async([g.contiguous() for g in grads], name=f"{ctx.name}.grad", op=Average,
+                                           process_set=process_set)
+        every_rows = collectives.allgather(np.array([ctx.rows], dtype=np.int64), name=f"{ctx.name}.grad_rows",
+                                           process_set=process_set)
         starts = every_rows[:rank_in(process_set, "allgather()")].sum(axis=0)
         mine = [g[int(start):int(start) + rows] for g, start, rows in zip(averaged.wait(), starts, ctx.rows)]
         return (None, None, None, *mine)
@@ -329,12 +343,14 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.name = _forward_name("broadcast", name, process_set)
         ctx.is_root, ctx.process_set = runtime.rank() == root_rank, process_set  # job ranks both
-        return broadcast_async(tensor, root_rank, name, process_set).wait()
+        return broadcast_async(tensor, root_rank, ctx.name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        averaged = _allreduce_plain(grad.contiguous(), None, Average, 1.0, 1.0, Compression.none, ctx.process_set)
+        averaged = _allreduce_plain(grad.contiguous(), f"{ctx.name}.grad", Average, 1.0, 1.0, Compression.none,
+                                    ctx.process_set)
         return (averaged if ctx.is_root else torch.zeros_like(averaged)), None, None, None
 
 
@@ -368,14 +384,16 @@ class _AlltoallFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        received, received_splits = alltoall_async(tensor, splits, name, process_set).wait()
+        ctx.name = _forward_name("alltoall", name, process_set)
+        received, received_splits = alltoall_async(tensor, splits, ctx.name, process_set).wait()
         ctx.received_splits, ctx.process_set = received_splits, process_set
         ctx.mark_non_differentiable(received_splits)
         return received, received_splits
 
     @staticmethod
     def backward(ctx, grad, _):
-        returned, _ = alltoall_async(grad.contiguous(), ctx.received_splits, process_set=ctx.process_set).wait()
+        returned, _ = alltoall_async(grad.contiguous(), ctx.received_splits, f"{ctx.name}.grad",
+                                     ctx.process_set).wait()
         return returned, None, None, None
 
 
@@ -430,7 +448,8 @@ class _ReducescatterFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, name, grouped, op, process_set, prescale_factor, postscale_factor, compression, *tensors):
-        blocks = _scattered(list(tensors), name, grouped, op, process_set, prescale_factor, postscale_factor,
+        ctx.name = _forward_name("grouped_reducescatter" if grouped else "reducescatter", name, process_set)
+        blocks = _scattered(list(tensors), ctx.name, grouped, op, process_set, prescale_factor, postscale_factor,
                             compression)
         ctx.op, ctx.scales, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
         return tuple(blocks)
@@ -439,7 +458,8 @@ class _ReducescatterFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         _check_gradient_op("reducescatter", ctx.op)
         factor = reducescatter_gradient_factor(ctx.op, *ctx.scales, size_in(ctx.process_set, "reducescatter()"))
-        gathered = grouped_allgather_async([(g * factor).contiguous() for g in grads], process_set=ctx.process_set)
+        gathered = grouped_allgather_async([(g * factor).contiguous() for g in grads], f"{ctx.name}.grad",
+                                           ctx.process_set)
         return (None,) * 7 + tuple(gathered.wait())
 
 

@@ -1,5 +1,5 @@
 """Collectives and their gradients, in TensorFlow (eagerly, in a tf.function, in a
-tf.compat.v1 graph run by a Session) and torch (autograd), whose names no rank gives
+tf.compat.v1 graph run by a Session), torch (autograd) and Keras' `fit`, whose names no rank gives
 (hvdplus makes them up), with work that differs between ranks around them: before each
 round every rank runs its own number of unrelated eager ops, tf.function traces, graph name
 uses and torch autograd passes. A made-up name that depended on such work would differ
@@ -26,6 +26,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import torch  # noqa: E402
 
+import keras  # noqa: E402
+
+import hvdplus.keras as hvd_keras  # noqa: E402
 import hvdplus.tensorflow as hvd  # noqa: E402
 import hvdplus.torch as hvd_torch  # noqa: E402
 
@@ -187,6 +190,30 @@ def check_set_reducescatter(k, op):
     check(what, [tf_y, tf_grad], want)
 
 
+def keras_fit(k):
+    """Two steps of Keras' `fit` (full batch, SGD) of a linear model through hvdplus.keras'
+    DistributedOptimizer; its weights against numpy's averaged-gradient steps. The ranks have
+    built other Keras layers before (unrelated_work), so Keras' own variable paths differ."""
+    features = data("allreduce", k, rank)  # 3 rows, 2 features
+    targets = features @ np.array([[1.0], [-2.0]]) + 0.5 * rank
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="ones",
+                                                                    bias_initializer="zeros")])
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    model.fit(features.astype("float32"), targets.astype("float32"), batch_size=3, epochs=2, verbose=0)
+    kernel, bias = np.ones((2, 1)), np.zeros(1)
+    for _ in range(2):
+        gradients = []
+        for r in range(size):
+            x = data("allreduce", k, r)
+            error = x @ kernel + bias - (x @ np.array([[1.0], [-2.0]]) + 0.5 * r)
+            gradients.append((2 * x.T @ error / len(x), 2 * error.mean(0)))
+        kernel = kernel - 0.01 * np.mean([g for g, _ in gradients], 0)
+        bias = bias - 0.01 * np.mean([g for _, g in gradients], 0)
+    got_kernel, got_bias = model.get_weights()
+    np.testing.assert_allclose(got_kernel, kernel, rtol=1e-4, err_msg=f"rank {rank}: round {k} keras fit: kernel")
+    np.testing.assert_allclose(got_bias, bias, rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}: round {k} keras fit: bias")
+
+
 # -- work that differs between ranks --------------------------------------------------------
 def unrelated_work(k):
     for step in range((rank + k) % 3 + 2 * rank):
@@ -194,6 +221,7 @@ def unrelated_work(k):
         tf.function(lambda t: t * 2.0 + 1.0)(tf.constant(float(step)))
         tf.compat.v1.get_default_graph().unique_name("hvdplus_broadcast")
         torch.ones(2, requires_grad=True).mul(float(step)).sum().backward()
+        keras.layers.Dense(1)  # advances Keras' layer-name counter ("dense_<n>") on this rank only
 
 
 def unrelated_graph_work(graph, k):
@@ -222,6 +250,7 @@ for k in range(args.rounds):
                 misnamed = k == 1 and kind == "broadcast" and mode == "tf eager" and rank == args.misname_rank
                 got = tf_eager(kind, k, root, "misnamed_broadcast") if misnamed else run(kind, k, root)
                 check(f"round {k} {mode} {kind} from root {root}", got, expected(kind, k, rank, root))
+    keras_fit(k)
     if others.included():  # the set's names are its own: the job's stay alike on every rank
         x, total = tf.constant(data("allreduce", k, rank)), sum(data("allreduce", k, r) for r in others.ranks)
         np.testing.assert_allclose(hvd.allreduce(x, op=hvd.Sum, process_set=others).numpy(), total)
