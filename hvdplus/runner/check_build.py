@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence
 from ..version import __version__
 from .errors import LaunchError
 from .mpi_discovery import MPIRUN_ENV, default_search_dirs, find_mpirun, identify_mpi
+from .slurm_allocation import find_allocation
 
 __all__ = ["Framework", "FRAMEWORKS", "build_report"]
 
@@ -95,8 +96,22 @@ def _mpirun_lines() -> List[str]:
     return [f"    [X] mpirun: {mpirun} ({implementation.describe()})"]
 
 
+def _scheduler_lines() -> List[str]:
+    """Whether the launcher runs inside a Slurm allocation, and what it takes from it."""
+    try:
+        allocation = find_allocation(os.environ)
+    except LaunchError as error:
+        return [f"    [ ] Slurm: {error}"]
+    if allocation is None:
+        return ["    [ ] Slurm: not inside an allocation (no SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE)"]
+    return [f"    [X] {allocation.describe()}",
+            "        hvdplusrun takes these hosts and slots when no -np, -H or --hostfile is given; "
+            "mpirun starts its daemons through srun"]
+
+
 def build_report() -> str:
     lines = [f"hvdplus {__version__}", "", "MPI:"]
     lines += _mpi_library_lines() + _mpirun_lines()
     lines += ["", "Frameworks:"] + [framework.report_line() for framework in FRAMEWORKS]
+    lines += ["", "Scheduler:"] + _scheduler_lines()
     return "\n".join(lines)

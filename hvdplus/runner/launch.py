@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ..common import rank_errors
 from ..version import __version__
-from . import check_build, horovod_flags
+from . import check_build, horovod_flags, kubernetes_discovery, name_resolution, slurm_allocation
 from .command import (
     Job, OpenMpi, dialect_for, forwarded_env_names, guarded_command, local_core_count, needs_oversubscribe,
 )
@@ -80,6 +80,7 @@ def build_parser(prog: str = "hvdplusrun") -> argparse.ArgumentParser:
                              "and MPI's messages whole, not only the summary")
     parser.add_argument("--check-build", action="store_true",
                         help="show the MPI and frameworks this installation can use, and exit")
+    name_resolution.add_arguments(parser)
     add_tuning_arguments(parser)
     elastic = parser.add_argument_group("elastic jobs (any of the first three makes a job elastic)")
     elastic.add_argument("--min-np", type=_positive_int, metavar="N",
@@ -94,6 +95,7 @@ def build_parser(prog: str = "hvdplusrun") -> argparse.ArgumentParser:
                          help="how long to wait for --min-np slots (default: 600)")
     elastic.add_argument("--no-in-place", dest="in_place", action="store_false",
                          help="restart the job after a failure instead of re-forming it on the survivors")
+    kubernetes_discovery.add_arguments(elastic)
     parser.add_argument("--horovod-compat", action="store_true",
                         help="let the ranks import Horovod's modules (import horovod.torch ...) from hvdplus, "
                              "unless a real Horovod is installed")
@@ -125,6 +127,16 @@ def given_hosts(args: argparse.Namespace) -> List[Host]:
     return []
 
 
+def job_hosts(args: argparse.Namespace) -> List[Host]:
+    """The hosts a launch of `args` runs on: those -H or --hostfile name, else those of the
+    Slurm allocation it runs in; none for this machine alone."""
+    hosts = given_hosts(args)
+    allocation = slurm_allocation.find_allocation(os.environ)
+    if hosts or allocation is None or on_this_machine(allocation.hosts):
+        return hosts
+    return list(allocation.hosts)
+
+
 def _ssh_args(args: argparse.Namespace) -> List[str]:
     ssh_args = []
     if args.ssh_port:
@@ -143,7 +155,7 @@ def find_mpi():
 
 
 def _is_elastic(args: argparse.Namespace) -> bool:
-    return bool(args.min_np or args.max_np or args.host_discovery_script)
+    return bool(args.min_np or args.max_np or args.host_discovery_script or args.host_discovery)
 
 
 @dataclasses.dataclass
@@ -163,16 +175,26 @@ def launch(args: argparse.Namespace, io: Optional[JobIO] = None) -> int:
     """Start the job `args` describes and wait for it; return the exit status."""
     io = io or JobIO()
     hosts = given_hosts(args)
+    allocation = slurm_allocation.find_allocation(os.environ)
+    if allocation is not None:
+        slurm_allocation.fit_to_allocation(allocation, hosts, args.num_proc)
+        if args.verbose:
+            print(f"hvdplusrun: {allocation.describe()}", flush=True)
+        # mpirun starts its daemons on these hosts through srun: no ssh between them.
+        hosts = job_hosts(args)
     if _is_elastic(args):
-        return _launch_elastic(args, hosts, io)
-    num_proc = args.num_proc or total_slots(hosts)
+        return _launch_elastic(args, hosts, io, allocation)
+    num_proc = args.num_proc or total_slots(hosts) or (allocation and total_slots(allocation.hosts))
     if not num_proc:
         raise LaunchError("-np is required unless -H or --hostfile give the slots")
     return _run_job(args, hosts, num_proc, io=io)
 
 
-def _launch_elastic(args: argparse.Namespace, hosts: List[Host], io: JobIO) -> int:
-    if not args.host_discovery_script and not hosts:
+def _launch_elastic(args: argparse.Namespace, hosts: List[Host], io: JobIO,
+                    allocation: Optional[slurm_allocation.SlurmAllocation] = None) -> int:
+    if not args.host_discovery_script and not hosts and allocation is not None:
+        hosts = list(allocation.hosts)
+    if not args.host_discovery_script and not args.host_discovery and not hosts:
         slots = args.max_np or args.num_proc
         if not slots:
             raise LaunchError("an elastic job needs -np, --max-np, -H, --hostfile or --host-discovery-script")
@@ -197,7 +219,15 @@ def _launch_elastic(args: argparse.Namespace, hosts: List[Host], io: JobIO) -> i
             report.mpi_lost_hosts(lost)
         return status
 
-    return run_elastic(options, HostDiscovery(args.host_discovery_script, hosts), start)
+    if allocation is not None and not args.host_discovery_script and not args.host_discovery:
+        discovery = slurm_allocation.SlurmNodeDiscovery(allocation)
+        # A lost node's job step still holds its CPUs in Slurm's books: the next mpirun's
+        # daemons share them (srun --overlap) rather than wait for a step that never ends.
+        io = dataclasses.replace(io, env={**io.env, "SLURM_OVERLAP": "1"})
+    else:
+        discovery = kubernetes_discovery.from_args(args) if args.host_discovery else \
+            HostDiscovery(args.host_discovery_script, hosts)
+    return run_elastic(options, discovery, start)
 
 
 def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_env=None,
@@ -208,6 +238,7 @@ def _run_job(args: argparse.Namespace, hosts: List[Host], num_proc: int, extra_e
     mpirun, dialect = find_mpi()
     env = dict(os.environ, **tuning_environment(args), **horovod_flags.environment(args), **io.env,
                **(extra_env or {}))
+    name_resolution.wait_for_job_hosts(args, hosts, env)
     if args.horovod_compat:
         env["PYTHONPATH"] = horovod_flags.python_path_with_alias(env.get("PYTHONPATH"))
     cores = local_core_count()

@@ -20,6 +20,7 @@ the job's channel instead, a port of this process's that only the job's ranks ca
 """
 
 import base64
+import os
 import shlex
 import signal
 import sys
@@ -35,7 +36,8 @@ from .dynamic_code import restore_sources, source_files
 from .errors import LaunchError
 from .failure_summary import FailureReport, format_summary
 from .hosts import on_this_machine
-from .launch import JobIO, build_parser, given_hosts, launch, parse_args
+from .launch import JobIO, build_parser, job_hosts, launch, parse_args
+from .slurm_allocation import find_allocation
 from .stop_signals import Stopped, stopping_on_signals
 
 __all__ = ["run", "run_with_launcher", "RanksRaisedError", "RankFailure"]
@@ -112,7 +114,7 @@ def launcher_flags(options: Dict[str, Any]) -> List[str]:
     return flags
 
 
-def run(fn: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = None, np: int = 1,
+def run(fn: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = None, np: Optional[int] = None,
         hosts: Union[None, str, Sequence[str]] = None, hostfile: Optional[str] = None,
         min_np: Optional[int] = None, max_np: Optional[int] = None, env: Optional[Dict[str, str]] = None,
         start_timeout: Optional[float] = None, verbose: Optional[int] = None, **launcher_options) -> List[Any]:
@@ -124,7 +126,9 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = No
             `hvd.init()` themselves.
         args: the positional arguments of `fn`.
         kwargs: its keyword arguments.
-        np: the number of ranks (of the first launch, for an elastic job).
+        np: the number of ranks (of the first launch, for an elastic job). By default, inside a
+            Slurm allocation (`salloc`, `sbatch`) and without `hosts` or `hostfile`, one rank per
+            task slot of the allocation, on its hosts; elsewhere 1, as Horovod's.
         hosts: "host:slots,..." (or a list of "host:slots"), as hvdplusrun's -H.
         hostfile: as hvdplusrun's --hostfile.
         min_np: makes the job elastic, as hvdplusrun's flag does: `fn` should then train through
@@ -144,6 +148,8 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = No
         KeyboardInterrupt: Ctrl-C (SIGINT), after every rank has ended.
     """
     host_list = ",".join(hosts) if isinstance(hosts, (list, tuple)) else hosts
+    if np is None and not host_list and not hostfile and find_allocation(os.environ) is None:
+        np = 1
     options = dict(launcher_options, num_proc=np, hosts=host_list, hostfile=hostfile, min_np=min_np,
                    max_np=max_np, verbose=bool(verbose and verbose >= 2))
     if start_timeout is not None:
@@ -159,7 +165,7 @@ def run_with_launcher(fn: Callable, args: Sequence, kwargs: Optional[Dict[str, A
     served = len(payload) > function_payload.ENVIRONMENT_BYTES
     launcher_args = parse_args(argv)
     try:
-        with JobChannel(payload if served else None, on_this_machine(given_hosts(launcher_args))) as channel, \
+        with JobChannel(payload if served else None, on_this_machine(job_hosts(launcher_args))) as channel, \
                 stopping_on_signals():
             results = _Results(channel)
             ranks_env = {**(env or {}), **channel.env, **({} if served else function_payload.to_environment(payload))}

@@ -2,7 +2,8 @@
 # Lets this machine run the tests that need system packages: tests/test_containers.py needs
 # podman with the runc runtime, and debootstrap to make the base image where no registry can
 # be reached (tests/testkit/cluster.py makes it on first use); tests/test_spark.py needs a Java
-# runtime for Spark (17, Spark 4's). On Debian, as root, it installs what is missing and
+# runtime for Spark (17, Spark 4's); tests/test_kubernetes_manifests.py needs kubectl (Debian's
+# kubernetes-client) for `kubectl kustomize`. On Debian, as root, it installs what is missing and
 # configures podman; elsewhere it says so and changes nothing, and those tests skip, which in
 # CI (CI=true) fails the run: so does this script there, at once.
 set -euo pipefail
@@ -19,6 +20,16 @@ if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null; then
     fi
     if ! { apt-get update -qq && apt-get install -y -qq podman runc debootstrap >/dev/null; }; then
         cannot "installing podman, runc and debootstrap failed"
+    fi
+fi
+
+# kubectl renders deploy/kubernetes' kustomization offline (tests/test_kubernetes_manifests.py).
+if ! command -v kubectl >/dev/null; then
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        cannot "no kubectl, and no apt-get as root"
+    fi
+    if ! { apt-get update -qq && apt-get install -y -qq kubernetes-client >/dev/null; }; then
+        cannot "installing kubernetes-client failed"
     fi
 fi
 

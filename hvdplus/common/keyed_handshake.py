@@ -1,0 +1,117 @@
+"""Two processes that share a job's key prove it to each other over a fresh connection, before
+either acts on a byte the other sends.
+
+Each side sends a random challenge and answers the other's with an HMAC-SHA256 of it under the
+key, tagged with its role, so that one side's answer can never be replayed as the other's. The
+key itself never crosses the connection. Used by the channel between `hvdplus.run` and its ranks
+(payload_channel) and by the pod agents that start mpirun's daemons on Kubernetes
+(hvdplus.runner.pod_agent).
+
+    # server                                          # client
+    if answer_handshake(connection, key, ROLES):       open_handshake(connection, key, ROLES)
+        ...                                            ...
+"""
+
+import dataclasses
+import hashlib
+import hmac
+import secrets
+import socket
+import threading
+from typing import Callable
+
+__all__ = ["HandshakeRoles", "answer_handshake", "open_handshake", "receive_exactly", "serve_connections",
+           "stop_listening"]
+
+_NONCE_BYTES = 32
+_CHUNK_BYTES = 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class HandshakeRoles:
+    """The tags of the two sides' proofs: distinct per service, so that a proof made for one
+    service proves nothing to another that shares the key.
+
+    Args:
+        server: the listening side's tag.
+        client: the connecting side's tag.
+    """
+
+    server: bytes
+    client: bytes
+
+
+def _proof(key: bytes, role: bytes, nonce: bytes) -> bytes:
+    return hmac.new(key, role + nonce, hashlib.sha256).digest()
+
+
+def receive_exactly(connection: socket.socket, count: int) -> bytearray:
+    """`count` bytes from `connection`; ConnectionError when it ends first."""
+    data = bytearray(count)
+    view = memoryview(data)
+    got = 0
+    while got < count:
+        received = connection.recv_into(view[got:], min(count - got, _CHUNK_BYTES))
+        if not received:
+            raise ConnectionError(f"the connection ended after {got} of {count} bytes")
+        got += received
+    return data
+
+
+def answer_handshake(connection: socket.socket, key: bytes, roles: HandshakeRoles) -> bool:
+    """The listening side: whether the peer proved it holds `key` (after proving it to the peer).
+
+    Args:
+        connection: a connection just accepted, with a timeout set.
+        key: the job's key.
+        roles: the service's proof tags.
+    """
+    their_nonce = receive_exactly(connection, _NONCE_BYTES)
+    our_nonce = secrets.token_bytes(_NONCE_BYTES)
+    connection.sendall(our_nonce + _proof(key, roles.server, their_nonce))
+    proof = receive_exactly(connection, hashlib.sha256().digest_size)
+    return hmac.compare_digest(proof, _proof(key, roles.client, our_nonce))
+
+
+def open_handshake(connection: socket.socket, key: bytes, roles: HandshakeRoles) -> None:
+    """The connecting side: check the server's proof of `key`, then give ours; ConnectionError
+    when the server does not hold it.
+
+    Args:
+        connection: a connection just made, with a timeout set.
+        key: the job's key.
+        roles: the service's proof tags.
+    """
+    our_nonce = secrets.token_bytes(_NONCE_BYTES)
+    connection.sendall(our_nonce)
+    their_nonce = receive_exactly(connection, _NONCE_BYTES)
+    proof = receive_exactly(connection, hashlib.sha256().digest_size)
+    if not hmac.compare_digest(proof, _proof(key, roles.server, our_nonce)):
+        raise ConnectionError("the server there does not hold this job's key")
+    connection.sendall(_proof(key, roles.client, their_nonce))
+
+
+def serve_connections(listener: socket.socket, handle: Callable[[socket.socket], None], thread_name: str) -> None:
+    """Hand each connection `listener` accepts to `handle`, in a thread of its own, until
+    `stop_listening` closes it.
+
+    Args:
+        listener: a listening socket.
+        handle: takes one accepted connection (and closes it).
+        thread_name: the name of each connection's thread.
+    """
+    while True:
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return  # closed
+        threading.Thread(target=handle, args=(connection,), name=thread_name, daemon=True).start()
+
+
+def stop_listening(listener: socket.socket) -> None:
+    """Close `listener`, waking a `serve_connections` blocked in accept."""
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    listener.close()
