@@ -30,6 +30,14 @@ def test_horovods_stall_and_timeline_variables():
     assert Settings.from_env({"HOROVOD_STALL_CHECK_DISABLE": "0"}).stall_check_seconds == 60.0
 
 
+def test_the_stall_times_have_short_names_too():
+    settings = Settings.from_env({"HVDPLUS_STALL_CHECK_TIME": "2", "HVDPLUS_STALL_SHUTDOWN_TIME": "7"})
+    assert (settings.stall_check_seconds, settings.stall_shutdown_seconds) == (2.0, 7.0)
+    # The long names (Horovod's spelling after the prefix) win where both are set.
+    both = {"HVDPLUS_STALL_CHECK_TIME": "2", "HVDPLUS_STALL_CHECK_TIME_SECONDS": "3"}
+    assert Settings.from_env(both).stall_check_seconds == 3.0
+
+
 def test_hierarchical_flag_selects_the_algorithm():
     assert Settings.from_env({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}).allreduce_algorithm == "hierarchical"
     assert Settings.from_env({"HVDPLUS_HIERARCHICAL_ALLREDUCE": "0"}).allreduce_algorithm == "auto"

@@ -1,15 +1,25 @@
 """Jobs on a real Slurm (Debian's 22.05) whose controller and three compute nodes are podman
 containers, each a host, with no ssh client or server in any (tests/testkit/slurm_cluster.py
-builds and removes them)."""
+builds and removes them), sharing one folder at /shared as a cluster's shared file system.
 
+The batch scripts are those of examples/slurm/, as a user would submit them."""
+
+import datetime
 import json
+import os
+import re
+import time
 
 import numpy as np
 import pytest
 
 from testkit import cluster, slurm_cluster
+from testkit.training_logs import final_result, read_step_log
 
 pytestmark = cluster.container_test_marks()
+
+EXAMPLES = os.path.join(cluster.REPO, "examples", "slurm")
+SHARED = "/shared"
 
 
 @pytest.fixture(scope="module")
@@ -17,26 +27,216 @@ def slurm_image():
     slurm_cluster.build_image()
 
 
-@pytest.fixture
-def slurm(slurm_image, tmp_path):
-    with slurm_cluster.SlurmCluster(3, str(tmp_path)) as made:
+def start_cluster(folder):
+    shared = folder / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # the user hvd in the containers writes there
+    return slurm_cluster.SlurmCluster(3, str(folder), mounts={str(shared): (SHARED, "rw")}), shared
+
+
+@pytest.fixture(scope="module")
+def slurm(slurm_image, tmp_path_factory):
+    made, shared = start_cluster(tmp_path_factory.mktemp("slurm"))
+    made.shared = shared
+    with made:
         yield made
 
 
-def test_mpirun_in_a_batch_job_starts_its_ranks_on_the_allocated_hosts_through_slurm(slurm):
+def example(name, **replacements):
+    """The batch script examples/slurm/<name>, with its `VARIABLE=default` lines for the
+    keys of `replacements` set to their values."""
+    with open(os.path.join(EXAMPLES, name)) as file:
+        text = file.read()
+    for variable, value in replacements.items():
+        text, count = re.subn(rf"^{variable}=.*$", f'{variable}="{value}"', text, flags=re.M)
+        assert count == 1, f"{name} sets no {variable}"
+    return text
+
+
+def rank_lines(output):
+    """The JSON lines of tests/containers/hvdplus_ranks.py, whatever tags precede them."""
+    return [json.loads(match) for match in re.findall(r"(\{\"rank\".*\})", output)]
+
+
+def check_ranks(ranks, hosts, output):
+    expected = sum(np.arange(4.0) * (rank + 1) for rank in range(len(hosts)))
+    assert sorted(rank["rank"] for rank in ranks) == list(range(len(hosts))), output
+    assert sorted(rank["host"] for rank in ranks) == sorted(hosts), output
+    for rank in ranks:
+        assert rank["size"] == len(hosts) and rank["local_size"] == 1 and rank["local_rank"] == 0, output
+        np.testing.assert_array_equal(rank["sum"], expected)
+
+
+def test_hvdplusrun_in_a_batch_job_takes_its_hosts_and_slots_from_the_allocation_without_ssh(slurm):
     for host in [slurm.controller, *slurm.nodes]:
-        assert slurm.run("sh", "-c", "command -v ssh", host=host).returncode != 0, f"{host} has an ssh client"
-    # No -np and no -H: Open MPI's mpirun reads the allocation from Slurm and starts its
-    # daemons on the other nodes with srun.
-    job = slurm.submit(f"#!/bin/bash\nmpirun python {slurm_cluster.JOBS}/allreduce_across_hosts.py\n",
-                       "--nodes=3", "--ntasks-per-node=1")
-    fields = slurm.wait_for_job(job, timeout=180)
+        assert slurm.run("sh", "-c", "command -v ssh sshd", host=host).returncode != 0, f"{host} has ssh"
+    script = example("hvdplusrun.sbatch", PROGRAM="/jobs/hvdplus_ranks.py", FLAGS="--verbose")
+    # --check-build says what it found; more ranks than the allocation has fail at once, saying so.
+    before = 'hvdplusrun --check-build\nhvdplusrun -np 4 true; echo "too many: $?"\n'
+    script = script.replace("exec hvdplusrun", before + "exec hvdplusrun")
+    job = slurm.submit(script, "--nodes=3", "--ntasks-per-node=1")
+    fields = slurm.wait_for_job(job, timeout=120)
     output = slurm.output(job)
     assert fields["JobState"] == "COMPLETED", f"{fields['JobState']}, exit code {fields['ExitCode']}:\n{output}"
-    ranks = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
-    expected = sum(np.arange(4.0) * (rank + 1) for rank in range(3))
-    assert sorted(rank["rank"] for rank in ranks) == [0, 1, 2], output
-    assert sorted(rank["host"] for rank in ranks) == slurm.nodes, output
-    for rank in ranks:
-        assert rank["size"] == 3, output
-        np.testing.assert_array_equal(rank["sum"], expected)
+    assert "-np 4 is more than the 3 slots of the Slurm allocation" in output and "too many: 2" in output, output
+    assert f"hvdplusrun: Slurm allocation of job {job}: " in output and "SLURM_TASKS_PER_NODE=1(x3)" in output, output
+    assert f"[X] Slurm allocation of job {job}: {','.join(f'{node}:1' for node in slurm.nodes)}" in output, output
+    check_ranks(rank_lines(output), slurm.nodes, output)
+
+
+def test_srun_with_pmix_makes_each_task_a_rank_and_refuses_to_start_without_it(slurm):
+    shown = slurm.run("srun", "--nodes=3", "--mpi=pmix", "python", "/jobs/hvdplus_ranks.py", timeout=120)
+    ranks = rank_lines(shown.stdout)
+    check_ranks(ranks, slurm.nodes, shown.stdout + shown.stderr)
+    assert all(rank["procid"] == str(rank["rank"]) for rank in ranks), shown.stdout
+    assert "help file" not in shown.stderr, shown.stderr  # PMIx's warning about its components
+    trained = slurm.run("srun", "--nodes=3", "--mpi=pmix", "python", "/jobs/torch_job.py", timeout=180)
+    # torch_job.py holds each rank's weights to one process training on the whole batch.
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert sorted(re.findall(r"trained (\d) on (\S+)", trained.stdout)) == [
+        (str(rank), host) for rank, host in enumerate(slurm.nodes)], trained.stdout
+    started = time.monotonic()
+    refused = slurm.run("srun", "--nodes=3", "--mpi=none", "python", "/jobs/hvdplus_ranks.py", timeout=60)
+    assert refused.returncode != 0 and rank_lines(refused.stdout) == [], refused.stdout
+    assert "srun started it without a PMI server" in refused.stderr and "libpmix-dev" in refused.stderr, refused.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_hvdplus_run_under_salloc_returns_the_ranks_values_in_order(slurm):
+    result = slurm.run("salloc", "--nodes=2", "python", "/jobs/run_function_in_allocation.py", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    values = json.loads(re.search(r"^(\[.*\])$", result.stdout, flags=re.M).group(1))
+    total = [sum(value * 2.0 * (rank + 1) for rank in range(2)) for value in range(3)]
+    assert values == [[rank, 2, host, total] for rank, host in enumerate(slurm.nodes[:2])], result.stdout
+
+
+class Training:
+    """One run of tests/containers/resumable_training.py as a Slurm job, with its logs and
+    commits in a folder of its own under /shared."""
+
+    def __init__(self, slurm, name, script, *sbatch_args):
+        self.slurm, self.name = slurm, name
+        self.folder = slurm.shared / name
+        self.folder.mkdir()
+        os.chmod(self.folder, 0o777)
+        self.job = slurm.submit(script, f"--output={SHARED}/{name}/output", "--open-mode=append", *sbatch_args)
+
+    def ready(self):
+        return (self.folder / "ready").exists()
+
+    def fields(self):
+        return self.slurm.job(self.job)
+
+    def release_if_requeued(self, fields):
+        # Slurm holds a requeued batch job for about two minutes (its BeginTime); its owner may
+        # start it at once, as a user who wants the resumed job without waiting would.
+        if fields["JobState"] == "PENDING" and int(fields.get("Restarts", "0")) > 0:
+            self.slurm.run("scontrol", "update", f"JobId={self.job}", "StartTime=now")
+
+    def output(self):
+        return (self.folder / "output").read_text()
+
+    def check_nothing_lost(self, steps, requeues_at_least):
+        fields, output = self.fields(), self.output()
+        what = f"{self.name} (job {self.job}): {fields['JobState']}, exit code {fields['ExitCode']}\n{output[-6000:]}"
+        assert fields["JobState"] == "COMPLETED", what
+        assert int(fields["Restarts"]) >= requeues_at_least, what
+        assert output.count("asked the job to stop; every rank stopped at commit") >= requeues_at_least, what
+        log = read_step_log(self.folder / "logs")
+        log.check_complete(steps)
+        assert log.repeated() == [], f"{self.name}: steps that ran twice: {log.repeated()}"
+        assert set(log.sizes()) == {3}, what
+        result = final_result(output)
+        assert result["steps"] == steps, what
+        np.testing.assert_allclose(result["weights"], log.replayed_weights(), rtol=1e-12)
+
+
+def test_a_time_limit_or_a_preemption_loses_no_step(slurm):
+    """Three jobs at once (each takes one CPU of each node's two):
+    - one that trains past its one-minute time limit, warned by `--signal=B:USR1@40`;
+    - one preempted with `scancel --signal=USR1 --batch` while it runs;
+    - one started with `srun --mpi=pmix`, requeued with `scontrol requeue` (whose SIGTERM
+      reaches the ranks, which srun started themselves).
+    Each commits on the signal, requeues itself and resumes from its commit in /shared."""
+    limited = Training(slurm, "time-limit", example(
+        "hvdplusrun.sbatch", COMMIT_DIR=f"{SHARED}/time-limit/commits",
+        PROGRAM="/jobs/resumable_training.py",
+        ARGUMENTS=f"--steps 64 --step-seconds 1 --log-dir {SHARED}/time-limit/logs"),
+        "--nodes=3", "--ntasks-per-node=1", "--time=1", "--signal=B:USR1@40")
+    preempted = Training(slurm, "preempted", example(
+        "hvdplusrun.sbatch", COMMIT_DIR=f"{SHARED}/preempted/commits", PROGRAM="/jobs/resumable_training.py",
+        ARGUMENTS=f"--steps 30 --step-seconds 0.5 --log-dir {SHARED}/preempted/logs "
+                  f"--ready-file {SHARED}/preempted/ready"),
+        "--nodes=3", "--ntasks-per-node=1")
+    requeued = Training(slurm, "requeued", example(
+        "srun.sbatch", COMMIT_DIR=f"{SHARED}/requeued/commits", PROGRAM="/jobs/resumable_training.py",
+        ARGUMENTS=f"--steps 30 --step-seconds 0.5 --log-dir {SHARED}/requeued/logs "
+                  f"--ready-file {SHARED}/requeued/ready"),
+        "--nodes=3", "--ntasks-per-node=1")
+    signalled = set()
+    deadline = time.monotonic() + 400
+    jobs = [limited, preempted, requeued]
+    while True:
+        states = {}
+        for training in jobs:
+            fields = training.fields()
+            states[training.name] = fields["JobState"]
+            training.release_if_requeued(fields)
+        if preempted.ready() and "preempted" not in signalled:
+            signalled.add("preempted")
+            slurm.run("scancel", "--signal=USR1", "--batch", preempted.job)
+        if requeued.ready() and "requeued" not in signalled:
+            signalled.add("requeued")
+            slurm.run("scontrol", "requeue", requeued.job)
+        if all(state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for state in states.values()):
+            break
+        assert time.monotonic() < deadline, f"{states}\n{slurm.logs()}"
+        time.sleep(1)
+    limited.check_nothing_lost(64, requeues_at_least=1)
+    preempted.check_nothing_lost(30, requeues_at_least=1)
+    requeued.check_nothing_lost(30, requeues_at_least=1)
+
+
+def test_an_elastic_job_under_no_kill_goes_on_without_a_lost_node(slurm_image, tmp_path):
+    made, shared = start_cluster(tmp_path)
+    with made:
+        made.shared = shared
+        training = Training(made, "elastic", example(
+            "elastic.sbatch", COMMIT_DIR=f"{SHARED}/elastic/commits", PROGRAM="/jobs/resumable_training.py",
+            ARGUMENTS=f"--steps 20 --step-seconds 0.4 --log-dir {SHARED}/elastic/logs "
+                      f"--ready-file {SHARED}/elastic/ready"),
+            "--nodes=3", "--ntasks-per-node=1")
+        deadline = time.monotonic() + 60
+        while not training.ready():
+            assert time.monotonic() < deadline, f"{training.fields()}\n{made.logs()}"
+            time.sleep(0.2)
+        time.sleep(1)
+        made.kill(made.nodes[2])  # not the batch host, where hvdplusrun runs
+        fields = made.wait_for_job(training.job, timeout=180)
+        output = training.output()
+        assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", f"{fields}\n{output}"
+        log = read_step_log(training.folder / "logs")
+        log.check_complete(20)
+        assert len(log.repeated()) <= 1, f"steps that ran twice: {log.repeated()}"  # one commit interval
+        assert log.sizes()[0] == 3 and log.sizes()[-1] == 2, log.sizes()
+        result = final_result(output)
+        assert result["steps"] == 20, output
+        np.testing.assert_allclose(result["weights"], log.replayed_weights(), rtol=1e-12)
+
+
+def test_a_rank_that_raises_fails_the_job_within_seconds_naming_the_rank_and_its_host(slurm):
+    folder = slurm.shared / "raises"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    job = slurm.submit(example("hvdplusrun.sbatch", PROGRAM="/jobs/resumable_training.py",
+                               ARGUMENTS=f"--steps 30 --step-seconds 0.2 --log-dir {SHARED}/raises/logs "
+                                         "--raise-at-step 3 --raise-rank 1"),
+                       "--nodes=2", "--ntasks-per-node=1", f"--output={SHARED}/raises/output")
+    fields = slurm.wait_for_job(job, timeout=120)
+    output = (folder / "output").read_text()
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"] == "1:0", f"{fields}\n{output}"
+    assert f"rank 1 on host {slurm.nodes[1]}: ValueError: rank 1 refuses step 3" in output, output
+    raised = max(float(line.split()[1]) for path in (folder / "logs").iterdir()
+                 for line in path.read_text().splitlines() if line.startswith("raising"))
+    ended = datetime.datetime.fromisoformat(fields["EndTime"]).timestamp()  # whole seconds, the cluster's time zone
+    assert ended - raised < 5 + 1, f"the job ended {ended - raised:.1f} s after rank 1 raised"

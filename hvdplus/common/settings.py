@@ -87,6 +87,21 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _signal_names(text: str) -> Tuple[str, ...]:
+    """"USR1,TERM" (or "SIGUSR1 SIGTERM", "none") as signal names ("SIGUSR1", "SIGTERM")."""
+    import signal
+
+    if text.strip().lower() == "none":
+        return ()
+    names = []
+    for word in text.replace(",", " ").split():
+        name = word.upper() if word.upper().startswith("SIG") else "SIG" + word.upper()
+        if not isinstance(getattr(signal, name, None), signal.Signals) or name in ("SIGKILL", "SIGSTOP"):
+            raise ValueError(f"expects signal names such as USR1,TERM (or none); {word!r} is not one to catch")
+        names.append(name)
+    return tuple(names)
+
+
 def _shortest(value: float) -> str:
     return format(value, "g")
 
@@ -117,6 +132,8 @@ class Setting:
         shown_default: how the docs write the default; `default` when empty.
         flag: the launcher flag that sets it, if any.
         spelled_out: `variable` is a whole name that no prefix is added to (another program's).
+        short: another name after `HVDPLUS_` that reads the same, where the long one follows
+            Horovod's (`STALL_CHECK_TIME` for `STALL_CHECK_TIME_SECONDS`).
     """
 
     field: str
@@ -128,10 +145,13 @@ class Setting:
     shown_default: str = ""
     flag: Optional[LauncherFlag] = None
     spelled_out: bool = False
+    short: str = ""
 
     @property
     def names(self) -> Tuple[str, ...]:
-        return (self.variable,) if self.spelled_out else env_names(self.variable)
+        if self.spelled_out:
+            return (self.variable,)
+        return env_names(self.variable) + ((f"HVDPLUS_{self.short}",) if self.short else ())
 
     def value(self, environ: Mapping[str, str]) -> Any:
         for name in self.names:
@@ -198,7 +218,8 @@ SETTINGS = (
             "long and again each time it has waited as long again, naming the missing ranks and what they "
             "submitted instead; 0 turns the check off", "engine", "60",
             _flag("--stall-check-time-seconds", _shortest, "--stall-check-time-seconds S",
-                  type=_non_negative, metavar="S", help="warn when ranks wait for each other this long")),
+                  type=_non_negative, metavar="S", help="warn when ranks wait for each other this long"),
+            short="STALL_CHECK_TIME"),
     Setting("stall_check_disable", "STALL_CHECK_DISABLE", _switch, False,
             "any value but `0`, `false`, `no`, `off` turns the stall check off, as "
             "`HVDPLUS_STALL_CHECK_TIME_SECONDS=0` does", "engine", "off",
@@ -209,7 +230,8 @@ SETTINGS = (
             "`StalledError`, naming it and its missing ranks (needs the stall check on)", "engine", "0 (never)",
             _flag("--stall-shutdown-time-seconds", _shortest, "--stall-shutdown-time-seconds S",
                   type=_non_negative, metavar="S",
-                  help="fail the job's collectives after a stall this long (0: never)")),
+                  help="fail the job's collectives after a stall this long (0: never)"),
+            short="STALL_SHUTDOWN_TIME"),
     Setting("overlap", "OVERLAP", _choice(OVERLAP_MODES, {"1": "on", "true": "on", "yes": "on", "0": "off",
                                                           "false": "off", "no": "off"}), "auto",
             "`on` runs agreed collectives in the background at once; `off` holds them until a rank waits; `auto` "
@@ -238,6 +260,27 @@ SETTINGS = (
             _flag("--min-np", str, "--min-np N")),
     Setting("elastic_generation", "ELASTIC_GENERATION", _integer, 0,
             "which announcement of new slots this launch began with; set by the launcher, not by hand", "elastic"),
+    Setting("commit_dir", "COMMIT_DIR", _text, None,
+            "a folder that every host shares (and a requeued or later job sees): rank 0 also writes each commit "
+            "of `hvd.elastic.run`'s state there, atomically, and a job started with the same folder resumes from "
+            "its newest commit ([Slurm](slurm.md#preemption-and-time-limits))", "elastic", "unset",
+            _flag("--commit-dir", os.path.abspath, "--commit-dir PATH", metavar="PATH",
+                  help="also write every commit to PATH (shared storage) and resume from it")),
+    Setting("stop_signals", "STOP_SIGNALS", _signal_names, ("SIGUSR1", "SIGTERM"),
+            "signals that ask `hvd.elastic.run` to stop: every rank stops at the same commit, after writing it, "
+            "and inside a Slurm job asks Slurm to requeue the job; `none` for no such signals", "elastic",
+            "`USR1,TERM`",
+            _flag("--stop-signals", str, "--stop-signals LIST", metavar="LIST",
+                  help="signals that stop every rank at its next commit (default USR1,TERM)")),
+    Setting("requeue", "REQUEUE", _switch, True,
+            "`0` (or `false`, `no`, `off`): after a stop signal, do not ask Slurm to requeue the job", "elastic",
+            "on",
+            _flag("--no-requeue", lambda _: "0", "--no-requeue", action="store_true", default=None,
+                  help="after a stop signal, end without asking Slurm to requeue the job")),
+    Setting("max_requeues", "MAX_REQUEUES", _integer, 20,
+            "ask Slurm to requeue a stopped job only while its `SLURM_RESTART_COUNT` is below this", "elastic", "",
+            _flag("--max-requeues", str, "--max-requeues N", type=_count, metavar="N",
+                  help="requeue a stopped Slurm job at most N times (default 20)")),
     Setting("ulfm", "OMPI_MCA_mpi_ft_enable", _yes, False,
             "`1`, `true`, `yes` or `on`: Open MPI lets the ranks outlive a dead one (ULFM), so an elastic job "
             "re-forms in place", "elastic", "unset",

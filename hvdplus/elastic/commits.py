@@ -25,7 +25,7 @@ import tempfile
 import threading
 from typing import Any, Optional, Tuple
 
-__all__ = ["HostCommits", "host_folder"]
+__all__ = ["HostCommits", "SharedCommits", "host_folder"]
 
 _HEADER = struct.Struct("<16sQ")
 _MAGIC = b"hvdplus-commit\x00\x02"
@@ -142,3 +142,33 @@ def _number_in(path: str) -> int:
     except (FileNotFoundError, struct.error):
         return 0
     return number if magic == _MAGIC else 0
+
+
+class SharedCommits(HostCommits):
+    """The commits of one state in a folder that every host shares (HVDPLUS_COMMIT_DIR), which
+    one rank writes. A requeued job may start on other hosts and read it at any moment, so each
+    commit goes into a new file, flushed to storage, then renamed over the last one: the folder
+    always holds one whole commit, never a half-written one."""
+
+    def __init__(self, folder: str, index: int):
+        os.makedirs(folder, exist_ok=True)
+        super().__init__(folder, index)
+        self.paths = [os.path.join(folder, f"state-{index}.commit")]
+
+    def _write(self, number: int, snapshot: Any) -> None:
+        path = self.paths[0]
+        partial = f"{path}.{os.getpid()}.partial"
+        try:
+            with open(partial, "wb") as file:
+                file.write(_HEADER.pack(_MAGIC, number))
+                pickle.dump(snapshot, file, protocol=5)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(partial, path)
+            folder = os.open(os.path.dirname(path), os.O_RDONLY)
+            try:
+                os.fsync(folder)  # the rename itself, on storage
+            finally:
+                os.close(folder)
+        except BaseException as error:  # noqa: BLE001 - raised in the training thread by wait()
+            self._error = error

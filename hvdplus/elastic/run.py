@@ -10,15 +10,25 @@ resumes from the newest commit its hosts hold on disk (hvdplus.elastic.commits).
 
 What the launcher must know (ranks that died, a restart wanted) rank 0 tells it in a line
 of its output (hvdplus.common.launcher_messages), which reaches it from any host.
+
+A stop signal (HVDPLUS_STOP_SIGNALS: SIGUSR1, SIGTERM) stops every rank at the same commit,
+once that commit is written (hvdplus.common.stop_requests); inside a Slurm job the ranks
+then ask Slurm to requeue it (hvdplus.elastic.slurm_requeue), and the requeued job resumes
+from the commit, in the shared HVDPLUS_COMMIT_DIR or on the hosts' disks.
 """
 
 import functools
+import os
+import socket
 import sys
 import time
 
 from ..common import launcher_messages
 from ..common.errors import HostsUpdatedInterrupt, RanksFailedError
 from ..core import runtime
+from ..common import stop_requests
+from . import slurm_requeue
+from .state import StopRequested
 
 __all__ = ["run"]
 
@@ -30,10 +40,13 @@ def run(func):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        stop_requests.install(runtime.settings("elastic.run").stop_signals)
         while True:
             try:
                 state.sync()
                 return func(state, *args, **kwargs)
+            except StopRequested as stop:
+                _end_for_stop(stop)
             except HostsUpdatedInterrupt:
                 _end_for_restart(state, {"restart": "hosts"})
             except Exception as error:
@@ -71,6 +84,22 @@ def _recover(state) -> None:
         return
     _end_for_restart(state, {"restart": "failure", "failed_ranks": [rank for rank, _ in lost],
                              "failed_hosts": [host for _, host in lost]})
+
+
+def _end_for_stop(stop: StopRequested) -> None:
+    """End every rank after a stop signal (the commit is written): one rank of each host asks
+    Slurm, in turn, to requeue the job (unless HVDPLUS_REQUEUE=0)."""
+    settings = runtime.settings("elastic.run")
+    outcome = "not requeued (HVDPLUS_REQUEUE=0)"
+    if settings.requeue and runtime.local_rank() == 0:
+        outcome = slurm_requeue.request_requeue(os.environ, runtime.cross_rank(), settings.max_requeues)
+    if runtime.rank() == 0 or (runtime.local_rank() == 0 and ("failed" in outcome or "could not" in outcome)):
+        elapsed = stop_requests.seconds_since_request()
+        since = f", {elapsed:.1f} s after the signal reached rank {runtime.rank()}" if elapsed is not None else ""
+        sys.stderr.write(f"hvdplus: {stop}{since}; rank {runtime.rank()} on {socket.gethostname()}: {outcome}\n")
+        sys.stderr.flush()
+    runtime.shutdown()
+    raise SystemExit(0)
 
 
 def _end_for_restart(state, request: dict) -> None:

@@ -5,7 +5,10 @@ For each one a handler knows how to keep a copy (`save`), bring the value back t
 copy (`restore`), and make every rank's value that of one rank (`sync`). `commit()` saves
 every value and numbers the commit; under `hvdplusrun`'s elastic mode one rank of each host
 also writes it to that host's disk in the background (hvdplus.elastic.commits), for a job
-that must restart. `commit()` is also where the ranks learn that slots were added.
+that must restart. With HVDPLUS_COMMIT_DIR (`--commit-dir`), rank 0 also writes each commit
+to that shared folder, from which a requeued or later job resumes. `commit()` is also where
+the ranks learn, all at once, that slots were added or that a stop signal arrived
+(hvdplus.common.stop_requests).
 """
 
 import copy
@@ -15,9 +18,20 @@ from typing import Any, Callable, Dict, List, Optional
 from ..common import elastic_files
 from ..common.errors import HostsUpdatedInterrupt
 from ..core import collectives, runtime
+from ..common import stop_requests
 from . import commits
 
-__all__ = ["State", "ObjectState", "ObjectHandler"]
+__all__ = ["State", "ObjectState", "ObjectHandler", "StopRequested"]
+
+
+class StopRequested(Exception):
+    """Every rank stops at this commit, which is written: a stop signal reached some rank
+    (`signal_name`). hvd.elastic.run ends the ranks (asking Slurm to requeue the job)."""
+
+    def __init__(self, signal_name: str, commit_number: int):
+        super().__init__(f"{signal_name} asked the job to stop; every rank stopped at commit {commit_number}")
+        self.signal_name = signal_name
+        self.commit_number = commit_number
 
 # States are numbered in the order a program creates them, alike on every rank and in
 # every launch, which names their files on disk.
@@ -77,6 +91,10 @@ class State:
         folder = _elastic_dir()
         self.disk_commits: Optional[commits.HostCommits] = (
             commits.HostCommits(commits.host_folder(folder), self._number) if folder else None)
+        # The shared folder's copy (HVDPLUS_COMMIT_DIR), which rank 0 writes.
+        shared = runtime.settings("elastic state").commit_dir
+        self.shared_commits: Optional[commits.SharedCommits] = (
+            commits.SharedCommits(shared, self._number) if shared else None)
         # Where the ranks outlive a dead one, the memory of the survivors holds the last commit
         # and only a lost host needs the disk: the write goes on beside training. Elsewhere any
         # failure ends every rank, and each commit is written before training goes on.
@@ -104,35 +122,42 @@ class State:
         """Save every value, and write them to this host's disk (one rank per host; in the
         background where MPI lets the ranks outlive a dead one); raise HostsUpdatedInterrupt
         on every rank when the launcher has added slots."""
-        if self.disk_commits is not None:
-            self.disk_commits.wait()  # the copies a write reads are about to be overwritten
+        self._wait_for_disk()  # the copies a write reads are about to be overwritten
         self.save()
         self.commit_number += 1
-        if self._writes_to_disk():
-            self.disk_commits.write_in_background(self.commit_number, self._snapshot())
+        for writer in self._disk_writers():
+            writer.write_in_background(self.commit_number, self._snapshot())
             if self._wait_for_writes:
-                self.disk_commits.wait()
+                writer.wait()
         self.check_host_updates()
 
     def write_checkpoint(self) -> None:
         """Make sure this host's disk holds the last commit, before the ranks end for a
         restart (every rank may call it; one rank per host writes)."""
-        if self.disk_commits is None:
-            return
-        self.disk_commits.wait()
-        if self._writes_to_disk() and self.disk_commits.newest() < self.commit_number:
-            self.disk_commits.write(self.commit_number, self._snapshot())
+        self._wait_for_disk()
+        for writer in self._disk_writers():
+            if writer.newest() < self.commit_number:
+                writer.write(self.commit_number, self._snapshot())
 
     def check_host_updates(self) -> None:
-        """Raise HostsUpdatedInterrupt (on every rank alike) if the launcher announced
-        more slots since this launch began. The ranks on the launcher's host read its
-        announcement; the others learn it from them."""
+        """Raise StopRequested (on every rank alike, once this commit is on disk) if a stop
+        signal reached any rank, or HostsUpdatedInterrupt if the launcher announced more
+        slots since this launch began. The ranks on the launcher's host read its
+        announcement; the others learn both from one collective."""
         folder = _elastic_dir()
-        if folder is None:
+        # Alike on every rank (a variable of the job), so every rank makes the collective or none.
+        watching = bool(runtime.settings("elastic state").stop_signals)
+        if folder is None and not watching:
             return
-        newest = max(collectives.allgather_object(elastic_files.read_hosts_generation(folder),
-                                                  name=f"elastic.hosts.{self._number}"))
-        if newest > self._generation:
+        generation = elastic_files.read_hosts_generation(folder) if folder is not None else 0
+        answers = collectives.allgather_object((generation, stop_requests.requested()),
+                                               name=f"elastic.hosts.{self._number}")
+        stop = next((signal_name for _, signal_name in answers if signal_name), None)
+        if stop is not None:
+            self.write_checkpoint()
+            raise StopRequested(stop, self.commit_number)
+        newest = max(generation for generation, _ in answers)
+        if folder is not None and newest > self._generation:
             self._generation = newest
             raise HostsUpdatedInterrupt(skip_sync=False, message="slots were added to the job")
 
@@ -153,21 +178,23 @@ class State:
         reset callbacks then run, as after any re-form, since the job that made the commit
         may have had another size."""
         first_sync, self._synced_once = not self._synced_once, True
-        if self.disk_commits is not None:
-            self.disk_commits.wait()  # save() below overwrites the copies a write may still read
+        self._wait_for_disk()  # save() below overwrites the copies a write may still read
         on_disk = self.disk_commits.newest() if self.disk_commits is not None else 0
-        numbers = collectives.allgather_object(max(self.commit_number, on_disk),
+        # Rank 0 alone looks in the shared folder: one reader is enough, and cheaper.
+        shared = self.shared_commits.newest() if self.shared_commits is not None and runtime.rank() == 0 else 0
+        numbers = collectives.allgather_object(max(self.commit_number, on_disk, shared),
                                                name=f"elastic.commits.{self._number}")
         newest = max(numbers)
         root = numbers.index(newest)
-        if runtime.rank() == root and on_disk > self.commit_number:
-            self._load_from_disk()
+        if runtime.rank() == root and max(on_disk, shared) > self.commit_number:
+            self._load_from_disk(self.disk_commits if on_disk >= shared else self.shared_commits)
         for name, handler in self._handlers.items():
             setattr(self, name, handler.sync(getattr(self, name), f"elastic.sync.{self._number}.{name}", root))
         self.save()
         self.commit_number = newest
-        if self._writes_to_disk() and on_disk < newest:
-            self.disk_commits.write_in_background(newest, self._snapshot())  # this host holds it too from now on
+        for writer in self._disk_writers():
+            if writer.newest() < newest:  # this host (the shared folder) holds it too from now on
+                writer.write_in_background(newest, self._snapshot())
         if first_sync and newest > 0:
             self.on_reset()
 
@@ -175,15 +202,29 @@ class State:
     def _writes_to_disk(self) -> bool:
         return self.disk_commits is not None and runtime.local_rank() == 0
 
+    def _disk_writers(self) -> List[commits.HostCommits]:
+        """Where this rank writes commits: its host's folder (one rank per host) and the
+        shared folder (rank 0)."""
+        writers = [self.disk_commits] if self._writes_to_disk() else []
+        if self.shared_commits is not None and runtime.rank() == 0:
+            writers.append(self.shared_commits)
+        return writers
+
+    def _wait_for_disk(self) -> None:
+        for writer in (self.disk_commits, self.shared_commits):
+            if writer is not None:
+                writer.wait()
+
     def _snapshot(self) -> Dict[str, Any]:
         return {name: handler.snapshot() for name, handler in self._handlers.items()}
 
-    def _load_from_disk(self) -> None:
-        """Take this host's commit on disk as the saved copies and the values."""
-        found = self.disk_commits.read()
+    def _load_from_disk(self, source: commits.HostCommits) -> None:
+        """Take the commit on disk in `source` (this host's folder, or the shared one) as
+        the saved copies and the values."""
+        found = source.read()
         if found is None:
-            raise RuntimeError(f"hvdplus: rank {runtime.rank()} found commit {self.disk_commits.newest()} in "
-                               f"{self.disk_commits.paths}, but could not read it back")
+            raise RuntimeError(f"hvdplus: rank {runtime.rank()} found commit {source.newest()} in "
+                               f"{source.paths}, but could not read it back")
         number, snapshot = found
         for name, handler in self._handlers.items():
             if name in snapshot:

@@ -31,7 +31,8 @@ import time
 import types
 from typing import Optional
 
-from ..common import launcher_messages, rank_errors
+from ..common import launcher_messages, rank_errors, stop_requests
+from ..common.settings import Settings
 
 __all__ = ["main"]
 
@@ -82,11 +83,22 @@ def _run_code(code: str) -> None:
         sys.modules["__main__"] = guard
 
 
+def _keep_stop_signals() -> None:
+    """A scheduler's warning (SIGUSR1) may come while the program still imports: keep it for
+    hvd.elastic.run rather than die of it (hvdplus.common.stop_requests)."""
+    try:
+        names = Settings.from_env().stop_signals
+    except ValueError:
+        return  # hvd.init() raises it, where the program can see it
+    stop_requests.install(names, at_init=True)
+
+
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return
+    _keep_stop_signals()
     try:
         if argv[0] == "-m":
             sys.argv = argv[1:]

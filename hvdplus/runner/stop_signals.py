@@ -7,6 +7,11 @@ between two launches of an elastic job, while it waits for slots) the signal rai
 `Stopped` where the launcher stands, which ends a host discovery script on its way out.
 Either way the launcher exits with 128+N, as a shell reports a process ended by signal N,
 once the job's processes are gone.
+
+SIGUSR1 and SIGUSR2 are passed on to mpirun, which passes them to every rank, and the job
+goes on: a scheduler's warning (`sbatch --signal=B:USR1@90`, `scancel --signal=USR1 --batch`)
+reaches the ranks, which stop at their next commit (hvdplus.common.stop_requests). Outside
+a launch the launcher ignores them.
 """
 
 import contextlib
@@ -14,9 +19,10 @@ import signal
 import threading
 from typing import Any, Dict, Iterator
 
-__all__ = ["STOP_SIGNALS", "Stopped", "stopping_on_signals"]
+__all__ = ["PASSED_ON_SIGNALS", "STOP_SIGNALS", "Stopped", "stopping_on_signals"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+PASSED_ON_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 class Stopped(Exception):
@@ -35,13 +41,13 @@ def _raise_stopped(signum, _frame):
     raise Stopped(signum)
 
 
-def replace_handlers(handler) -> Dict[int, Any]:
-    """`handler` for the stop signals; the handlers it replaced, for `restore_handlers`. Signal
-    handlers belong to the main thread: elsewhere (a driver's thread that starts a job) this
-    installs nothing, and the caller's own thread handles nothing."""
+def replace_handlers(handler, signals=STOP_SIGNALS) -> Dict[int, Any]:
+    """`handler` for `signals` (the stop signals); the handlers it replaced, for
+    `restore_handlers`. Signal handlers belong to the main thread: elsewhere (a driver's
+    thread that starts a job) this installs nothing, and the caller's own thread handles nothing."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+    return {signum: signal.signal(signum, handler) for signum in signals}
 
 
 def restore_handlers(previous: Dict[int, Any]) -> None:
@@ -53,7 +59,7 @@ def restore_handlers(previous: Dict[int, Any]) -> None:
 def stopping_on_signals() -> Iterator[None]:
     """Inside the block, SIGINT and SIGTERM raise `Stopped` (in the main thread); the handlers
     from before come back after it."""
-    previous = replace_handlers(_raise_stopped)
+    previous = {**replace_handlers(signal.SIG_IGN, PASSED_ON_SIGNALS), **replace_handlers(_raise_stopped)}
     try:
         yield
     finally:

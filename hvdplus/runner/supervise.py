@@ -22,11 +22,13 @@ from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 from .abort_banners import AbortBannerFolder
 from .lost_hosts import lost_host_names, start_watching_relay
 from .rank_output import binary_target, start_relay
-from .stop_signals import Stopped, replace_handlers, restore_handlers
+from .stop_signals import PASSED_ON_SIGNALS, Stopped, replace_handlers, restore_handlers
 
 __all__ = ["run_supervised", "exit_status", "kill_session", "KILL_AFTER_SECONDS"]
 
 POLL_SECONDS = 0.2
+# How long after mpirun starts the launcher holds SIGUSR1/SIGUSR2 before passing them on.
+PASS_ON_AFTER_SECONDS = 5.0
 # How long mpirun may take to end its ranks after a signal: a job asked to stop is gone
 # within 5 s, however its ranks answer the signal.
 KILL_AFTER_SECONDS = 3.0
@@ -102,11 +104,17 @@ def run_supervised(
         if child is not None:
             child.send_signal(signum)
 
+    passed_on: List[int] = []  # waiting for the ranks to have started
+
+    def pass_on(signum, _frame):
+        passed_on.append(signum)
+
     # In place before mpirun starts, so that no signal finds the launcher between the two.
-    previous = replace_handlers(forward)
+    previous = {**replace_handlers(pass_on, PASSED_ON_SIGNALS), **replace_handlers(forward)}
     relays, folders = [], []
     try:
         child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe, stderr=pipe)
+        started = time.monotonic()
         if received:
             child.send_signal(received[0][0])
         # Looked up now, not at import: a notebook's kernel puts in streams of its own per cell.
@@ -127,6 +135,12 @@ def run_supervised(
                 returncode = child.wait(timeout=POLL_SECONDS)
                 break
             except subprocess.TimeoutExpired:
+                # A rank that has not yet started Python would die of SIGUSR1; once started,
+                # it keeps the signal for hvd.elastic.run (exit_guard, hvd.init).
+                if passed_on and time.monotonic() - started >= PASS_ON_AFTER_SECONDS:
+                    for signum in passed_on:
+                        child.send_signal(signum)
+                    passed_on.clear()
                 if on_tick is not None and not received:
                     on_tick()
                 if received and time.monotonic() - received[0][1] >= kill_after:

@@ -27,7 +27,7 @@ def table(section: str) -> str:
     for setting in SETTINGS:
         if setting.section != section:
             continue
-        cells = [f"`{setting.names[0]}`"]
+        cells = [f"`{setting.names[0]}`" + (f" (or `HVDPLUS_{setting.short}`)" if setting.short else "")]
         if with_flags:
             cells.append(_flag(setting))
         cells += [setting.shown_default or str(setting.default), setting.meaning]

@@ -47,22 +47,25 @@ class SlurmCluster:
         nodes: how many compute nodes (slurmd containers).
         workdir: a folder of this machine for the cluster's slurm.conf and munge key.
         start_timeout: seconds to wait for every node to be idle.
+        mounts: {folder of this machine: (path in every container, "ro" or "rw")}, e.g. a
+            folder that every node shares, as a cluster's shared file system.
     """
 
-    def __init__(self, nodes: int, workdir: str, start_timeout: float = 120):
+    def __init__(self, nodes: int, workdir: str, start_timeout: float = 120, mounts=None):
         self.prefix = f"hvdplus-slurm-{uuid.uuid4().hex[:6]}"
         self.network = self.prefix
         self.controller = f"{self.prefix}-ctl"
         self.nodes = [f"{self.prefix}-node{i + 1}" for i in range(nodes)]
         self._started = []
         config, key = self._write_config(workdir)
+        volumes = [f"{config}:/etc/slurm/slurm.conf:ro", f"{key}:/run/hvdplus-slurm/munge.key:ro",
+                   f"{cluster.REPO}/tests/containers:{JOBS}:ro"]
+        volumes += [f"{folder}:{path}:{mode}" for folder, (path, mode) in (mounts or {}).items()]
         cluster.podman("network", "create", self.network)
         try:
             for name in [self.controller, *self.nodes]:
                 cluster.podman("run", "-d", "--name", name, "--hostname", name, "--network", self.network,
-                               "-v", f"{config}:/etc/slurm/slurm.conf:ro",
-                               "-v", f"{key}:/run/hvdplus-slurm/munge.key:ro",
-                               "-v", f"{cluster.REPO}/tests/containers:{JOBS}:ro", IMAGE)
+                               *[word for volume in volumes for word in ("-v", volume)], IMAGE)
                 self._started.append(name)
             self._write_hosts_files()
             cluster.podman("exec", self.controller, "hvdplus-slurm-start", "controller")
@@ -118,7 +121,7 @@ class SlurmCluster:
 
     def job(self, job_id):
         """The fields of `scontrol show job` for `job_id` (JobState, NodeList, BatchHost,
-        StdOut, RestartCnt...)."""
+        StdOut, Restarts...)."""
         result = self.run("scontrol", "show", "job", "-o", str(job_id))
         if result.returncode != 0:
             raise RuntimeError(f"scontrol show job {job_id} exited {result.returncode}: {result.stderr}")
