@@ -2,16 +2,20 @@
 each given what Kubernetes (and the MPI Operator) would give it: the manifest's image, command,
 variables and user, the mounted files, and `<pod>.<service>` names in /etc/hosts
 (tests/testkit/kubernetes_pods.py). The image has no ssh client or server, and nothing runs as
-root: mpirun starts its daemons through `hvdplus agent` in each pod."""
+root: mpirun starts its daemons through `hvdplus agent` in each pod. An elastic job, given the pods
+by a pod list in the API's JSON (--pod-list-file), shrinks when a pod goes and grows when one joins."""
 
+import itertools
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
 
 from testkit import cluster, kubernetes_pods
+from testkit.training_logs import final_result, read_step_log
 
 pytestmark = cluster.container_test_marks()
 
@@ -37,8 +41,8 @@ def use_program(workspace, name):
     os.chmod(os.path.join(workspace, "train.py"), 0o644)
 
 
-def start_pods(pods, tmp_path_factory, workspace):
-    network = kubernetes_pods.PodNetwork(pods, str(tmp_path_factory.mktemp("pods")), str(workspace))
+def start_pods(pods, tmp_path_factory, workspace, shared=None):
+    network = kubernetes_pods.PodNetwork(pods, str(tmp_path_factory.mktemp("pods")), str(workspace), shared)
     try:
         network.start_servers()
         network.wait_until_ready(AGENT_PORT)
@@ -111,3 +115,71 @@ def test_plain_mpirun_in_the_mpijob_launcher_reads_the_prte_hostfile_variable(mp
     workers = [pod for pod in mpijob.pods if pod != launcher]
     ranks, output = rank_lines(mpijob.run(launcher, "mpirun", "python", "/workspace/train.py", timeout=120))
     assert_allreduce(ranks, output, workers)
+
+
+@pytest.fixture
+def shared_folder(tmp_path):
+    """A folder every pod may write, as a ReadWriteMany volume: the training logs and the pod list."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    return folder
+
+
+def wait_for(condition, what, job, timeout):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        ended = job.poll() is not None
+        if ended or time.monotonic() > deadline:
+            job.kill()
+            problem = "the job ended first" if ended else f"not within {timeout} s"
+            raise AssertionError(f"{what}: {problem}\n{job.communicate()[0][-8000:]}")
+        time.sleep(0.2)
+
+
+def test_the_indexed_job_shrinks_and_grows_with_the_pod_list(kubernetes_image, tmp_path_factory, workspace,
+                                                             shared_folder):
+    # The launcher reads the pod list from a file (--pod-list-file), in the API's JSON as
+    # `kubectl get pods -o json` prints it, written here as Kubernetes would show the pods.
+    key = kubernetes_pods.new_key()
+    pods = kubernetes_pods.indexed_job_pods(key)
+    launcher, worker, lost = (pod.name for pod in pods)
+    network = start_pods(pods, tmp_path_factory, workspace, str(shared_folder))
+    try:
+        use_program(workspace, "resumable_training.py")
+        pod_list, logs = os.path.join(shared_folder, "pods.json"), os.path.join(shared_folder, "logs")
+        network.write_pod_list(pod_list, network.pod_list([launcher, worker, lost]))
+        agent = network.pods[launcher].command
+        shared = kubernetes_pods.SHARED
+        job = network.start(launcher, *agent[:agent.index("--") + 1], "hvdplusrun", "--min-np", "2", "--max-np", "3",
+                            "--pod-list-file", f"{shared}/pods.json", "python", "/workspace/train.py",
+                            "--steps", "60", "--step-seconds", "0.2", "--log-dir", f"{shared}/logs",
+                            "--ready-file", f"{shared}/ready")
+        try:
+            wait_for(lambda: os.path.exists(shared_folder / "ready"), "the first step", job, 60)
+            # `kubectl delete pod`: the pod is listed as terminating, then its processes are killed.
+            network.write_pod_list(pod_list, network.pod_list([launcher, worker], terminating=[lost]))
+            network.remove_pod(lost)
+            wait_for(lambda: 2 in read_step_log(logs).sizes(), "a step on the 2 pods left", job, 60)
+            # A new pod (the next index, as scaling the Job up adds): listed while not ready, then
+            # Ready once its agent listens, as its readiness probe would find.
+            (new,) = kubernetes_pods.indexed_job_pods(key, indexes=[3])
+            network.add_pod(new)
+            network.write_pod_list(pod_list, network.pod_list([launcher, worker], not_ready=[new.name]))
+            network.start_servers([new.name])
+            network.wait_until_ready(AGENT_PORT, names=[new.name])
+            network.write_pod_list(pod_list, network.pod_list([launcher, worker, new.name]))
+            output, _ = job.communicate(timeout=120)
+        except BaseException:
+            job.kill()
+            raise
+    finally:
+        network.remove()
+    assert job.returncode == 0, output[-8000:]
+    log = read_step_log(logs)
+    log.check_complete(60)
+    sizes = log.sizes()
+    assert [size for size, _ in itertools.groupby(sizes)] == [3, 2, 3], f"job sizes by step: {sizes}\n{output[-6000:]}"
+    # A commit after every step: the one pod lost costs at most the step it was running.
+    assert len(log.repeated()) <= 1, f"steps that ran twice: {log.repeated()}"
+    np.testing.assert_allclose(final_result(output)["weights"], log.replayed_weights(), rtol=1e-12)

@@ -83,3 +83,28 @@ def test_pod_discovery_without_a_selector_says_what_is_missing(monkeypatch):
     monkeypatch.delenv(kubernetes_discovery.SELECTOR_ENV, raising=False)
     with pytest.raises(LaunchError, match="needs --pod-selector or \\$HVDPLUS_POD_SELECTOR"):
         kubernetes_discovery.from_args(parse_args(["--host-discovery", "kubernetes", "python", "t.py"]))
+
+
+def test_a_pod_list_file_is_read_as_the_api_s_list_each_time(tmp_path):
+    path = tmp_path / "pods.json"
+    path.write_text(POD_LIST)
+    args = parse_args(["--pod-list-file", str(path), "--slots-per-pod", "2", "python", "train.py"])
+    assert _is_elastic(args), "--pod-list-file alone makes the job elastic, with the pods' discovery"
+    discovery = kubernetes_discovery.from_args(args)
+    assert discovery.hosts() == [Host("train-0.train", 2), Host("train-2.train", 2), Host("10.0.0.7", 2)]
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [pod("train-7")]}))
+    assert discovery.hosts() == [Host("train-7.train", 2)]
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "pods.json: No such file or directory"),
+    ('{"items": [', "pods.json is not JSON"),
+    ('[{"kind": "Pod"}]', "pods.json holds no pod list: no 'items' list"),
+])
+def test_a_pod_list_file_that_holds_no_pod_list_is_a_launch_error_naming_it(tmp_path, content, message):
+    path = tmp_path / "pods.json"
+    if content is not None:
+        path.write_text(content)
+    discovery = kubernetes_discovery.from_args(parse_args(["--pod-list-file", str(path), "python", "t.py"]))
+    with pytest.raises(LaunchError, match=message):
+        discovery.hosts()

@@ -9,17 +9,21 @@ both (an Indexed Job's or the MPI Operator's pods), else by its address; each ha
 (terminating from the moment of its deletion) leaves it at once.
 
     hvdplusrun --min-np 2 --max-np 8 --host-discovery kubernetes --pod-selector app=train python train.py
+
+Where the launcher may not read the API itself, --pod-list-file names a file that holds the pod
+list in the same JSON, which something else keeps current (a sidecar running `kubectl get pods -o
+json`); the launcher reads it as often as it would ask the API, with the same parser.
 """
 
 import argparse
 import json
 import os
-from typing import Callable, List, Mapping, Optional
+from typing import Callable, List, Mapping, Optional, Union
 
 from .errors import LaunchError
 from .hosts import Host
 
-__all__ = ["KUBERNETES", "add_arguments", "ready_pod_hosts", "PodDiscovery", "from_args"]
+__all__ = ["KUBERNETES", "add_arguments", "ready_pod_hosts", "PodDiscovery", "PodListFile", "from_args"]
 
 KUBERNETES = "kubernetes"
 SELECTOR_ENV = "HVDPLUS_POD_SELECTOR"
@@ -37,6 +41,17 @@ def add_arguments(group) -> None:
     group.add_argument("--pod-namespace", default=os.environ.get(NAMESPACE_ENV), metavar="NAMESPACE",
                        help=f"their namespace (default: ${NAMESPACE_ENV}, else this pod's own)")
     group.add_argument("--slots-per-pod", type=int, default=1, metavar="N", help="ranks per pod (default: 1)")
+    group.add_argument("--pod-list-file", action=_PodListFileAction, metavar="FILE",
+                       help="read the pods from FILE, a pod list as `kubectl get pods -o json` prints it, "
+                            "instead of the API (implies --host-discovery kubernetes)")
+
+
+class _PodListFileAction(argparse.Action):
+    """--pod-list-file alone selects the pods' discovery: without it, the file would go unread."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.host_discovery = KUBERNETES
 
 
 def _is_ready(pod: Mapping) -> bool:
@@ -105,8 +120,36 @@ class PodDiscovery:
         return ready_pod_hosts(pod_list, self.slots)
 
 
-def from_args(args: argparse.Namespace) -> PodDiscovery:
+class PodListFile:
+    """The launcher's HostDiscovery for --pod-list-file: the Ready pods of the pod list in a file.
+
+    Args:
+        path: the file, replaced whole (written aside, then renamed) each time it changes, so that
+            a reader never sees half of it.
+        slots: ranks per pod.
+    """
+
+    def __init__(self, path: str, slots: int):
+        self.path, self.slots = path, slots
+
+    def hosts(self) -> List[Host]:
+        try:
+            with open(self.path) as file:
+                pod_list = json.load(file)
+        except OSError as error:
+            raise LaunchError(f"--pod-list-file {self.path}: {error.strerror}") from None
+        except ValueError as error:
+            raise LaunchError(f"--pod-list-file {self.path} is not JSON: {error}") from None
+        if not isinstance(pod_list, dict) or not isinstance(pod_list.get("items"), list):
+            raise LaunchError(f"--pod-list-file {self.path} holds no pod list: no 'items' list, as "
+                              "`kubectl get pods -o json` prints")
+        return ready_pod_hosts(pod_list, self.slots)
+
+
+def from_args(args: argparse.Namespace) -> Union[PodListFile, PodDiscovery]:
     """The discovery that hvdplusrun's flags describe."""
+    if args.pod_list_file:
+        return PodListFile(args.pod_list_file, args.slots_per_pod)
     if not args.pod_selector:
         raise LaunchError(f"--host-discovery kubernetes needs --pod-selector or ${SELECTOR_ENV}")
     namespace = args.pod_namespace
