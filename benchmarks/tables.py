@@ -14,7 +14,8 @@ ends with the date and commit each file was measured at (its `date` and `commit`
 harness.write_results), so the numbers on a page are those of the files beside the code, and
 a rewrite replaces whatever was written there by hand. The prose around the markers says what
 the numbers mean, without repeating them. `results:machine` renders the machine, MPI library
-and frameworks that every other table of its page was measured with.
+and frameworks that every other table of its page was measured with, but for a table measured
+in containers (Table.own_machine), which names its own.
 
 Reads files only: it needs neither MPI nor any framework (tests/test_result_tables.py runs it).
 """
@@ -75,6 +76,9 @@ class Results:
 class Table(NamedTuple):
     files: Tuple[str, ...]  # under benchmarks/results/; empty for the machine table: its page's files
     render: Callable[..., str]  # a Results per file -> the markdown above the "Measured" line
+    # Measured in containers, whose MPI and frameworks the table names itself: its files stay
+    # out of its page's machine table.
+    own_machine: bool = False
 
 
 # Numbers as the docs write them; an empty cell where the CSV file has no value.
@@ -106,6 +110,11 @@ def size(nbytes):
     unit, scale = next((unit, scale) for unit, scale in (("GiB", 1024**3), ("MiB", MIB), ("KiB", 1024), ("B", 1))
                        if nbytes >= scale and nbytes % scale == 0)
     return f"{nbytes // scale} {unit}"
+
+
+def each_run(row):
+    """A driver's row's `runs` (median_rows), as durations."""
+    return ", ".join(duration(float(seconds)) for seconds in row["runs"].split(";"))
 
 
 def markdown_table(header, rows):
@@ -276,7 +285,7 @@ def autotune(results):
 
 def elastic(results):
     recovery = [[row["path"], duration(float(row["seconds"])), f"{float(row['steps_lost']):g}",
-                 ", ".join(duration(float(seconds)) for seconds in row["runs"].split(";"))]
+                 each_run(row)]
                 for row in results.where(measurement="kill to first step")]
     commits = [[row["run"], fraction(float(row["ratio"]))] for row in results.where(baseline="no commits")]
     return "\n\n".join([
@@ -294,24 +303,35 @@ def _code_then_words(way):
 def startup(results):
     return markdown_table(["started by", "seconds (median)", "each run"],
                           [[row["way"] if row["way"].startswith("mpirun") else _code_then_words(row["way"]),
-                            duration(float(row["seconds"])),
-                            ", ".join(duration(float(seconds)) for seconds in row["runs"].split(";"))]
+                            duration(float(row["seconds"])), each_run(row)]
                            for row in results.rows])
 
 
 def ray_recovery(results):
     return markdown_table(["job", "ray.kill to the next step done (median)", "each run"],
-                          [[row["way"], duration(float(row["seconds"])),
-                            ", ".join(duration(float(seconds)) for seconds in row["runs"].split(";"))]
-                           for row in results.rows])
+                          [[row["way"], duration(float(row["seconds"])), each_run(row)] for row in results.rows])
 
 
 def spark(results):
     return markdown_table(["measurement", "job", "seconds (median)", "each run"],
                           [[row["measurement"], f"`{row['way']}`" if row["way"].startswith(("hvdplus", "Torch"))
-                            else row["way"], duration(float(row["seconds"])),
-                            ", ".join(duration(float(seconds)) for seconds in row["runs"].split(";"))]
+                            else row["way"], duration(float(row["seconds"])), each_run(row)]
                            for row in results.rows])
+
+
+def slurm(results):
+    """The machine and the containers' versions; then each way's time from sbatch to the first
+    collective, against the peer's (torchrun); then SIGUSR1's to a commit and to a requeue."""
+    started = results.where(measurement="sbatch to first collective")
+    peer = next(float(row["seconds"]) for row in started if row["way"].startswith("torchrun"))
+    first = markdown_table(["started by", "sbatch to first collective (median)", "against torchrun's time", "each run"],
+                           [[row["way"], duration(float(row["seconds"])),
+                             "" if row["way"].startswith("torchrun") else times(float(row["seconds"]) / peer),
+                             each_run(row)] for row in started])
+    signal = markdown_table(["SIGUSR1 to", "seconds (median)", "each run"],
+                            [[row["way"], duration(float(row["seconds"])), each_run(row)]
+                             for row in results.where(measurement="SIGUSR1 to")])
+    return "\n\n".join([machine(results), first, signal])
 
 
 # The size whose all-reduce README quotes: large enough to be bandwidth-bound (or the largest measured below it).
@@ -452,6 +472,7 @@ TABLES = {
     "startup": Table(("startup_np2.csv",), startup),
     "ray_recovery": Table(("ray_recovery_np2.csv",), ray_recovery),
     "spark": Table(("spark_np2.csv",), spark),
+    "slurm": Table(("slurm_np3.csv",), slurm, own_machine=True),
     "keras_breakdown": Table(("keras_breakdown_tensorflow_np2.csv", "keras_breakdown_jax_np2.csv",
                               "keras_breakdown_torch_np2.csv"), keras_breakdown),
     "compare": Table(("compare_engine_np2.csv", "compare_collectives_np2.csv", "compare_torch_training_np2.csv"),
@@ -476,7 +497,8 @@ def render(name, files=None, directory=RESULTS):
 def render_document(text, directory=RESULTS):
     """`text` with every marked table rendered anew."""
     names = [match.group(2) for match in MARKED.finditer(text)]
-    page_files = list(dict.fromkeys(file for name in names if name in TABLES for file in TABLES[name].files))
+    page_files = list(dict.fromkeys(file for name in names if name in TABLES and not TABLES[name].own_machine
+                                    for file in TABLES[name].files))
     return MARKED.sub(lambda match: match.group(1) + render(match.group(2), page_files if match.group(2) == MACHINE
                                                             else None, directory) + match.group(4), text)
 

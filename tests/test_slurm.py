@@ -18,7 +18,6 @@ from testkit.training_logs import final_result, read_step_log
 
 pytestmark = cluster.container_test_marks()
 
-EXAMPLES = os.path.join(cluster.REPO, "examples", "slurm")
 SHARED = "/shared"
 
 
@@ -42,17 +41,6 @@ def slurm(slurm_image, tmp_path_factory):
         yield made
 
 
-def example(name, **replacements):
-    """The batch script examples/slurm/<name>, with its `VARIABLE=default` lines for the
-    keys of `replacements` set to their values."""
-    with open(os.path.join(EXAMPLES, name)) as file:
-        text = file.read()
-    for variable, value in replacements.items():
-        text, count = re.subn(rf"^{variable}=.*$", f'{variable}="{value}"', text, flags=re.M)
-        assert count == 1, f"{name} sets no {variable}"
-    return text
-
-
 def rank_lines(output):
     """The JSON lines of tests/containers/hvdplus_ranks.py, whatever tags precede them."""
     return [json.loads(match) for match in re.findall(r"(\{\"rank\".*\})", output)]
@@ -70,7 +58,7 @@ def check_ranks(ranks, hosts, output):
 def test_hvdplusrun_in_a_batch_job_takes_its_hosts_and_slots_from_the_allocation_without_ssh(slurm):
     for host in [slurm.controller, *slurm.nodes]:
         assert slurm.run("sh", "-c", "command -v ssh sshd", host=host).returncode != 0, f"{host} has ssh"
-    script = example("hvdplusrun.sbatch", PROGRAM="/jobs/hvdplus_ranks.py", FLAGS="--verbose")
+    script = slurm_cluster.batch_script("hvdplusrun.sbatch", PROGRAM="/jobs/hvdplus_ranks.py", FLAGS="--verbose")
     # --check-build says what it found; more ranks than the allocation has fail at once, saying so.
     before = 'hvdplusrun --check-build\nhvdplusrun -np 4 true; echo "too many: $?"\n'
     script = script.replace("exec hvdplusrun", before + "exec hvdplusrun")
@@ -158,17 +146,17 @@ def test_a_time_limit_or_a_preemption_loses_no_step(slurm):
     - one started with `srun --mpi=pmix`, requeued with `scontrol requeue` (whose SIGTERM
       reaches the ranks, which srun started themselves).
     Each commits on the signal, requeues itself and resumes from its commit in /shared."""
-    limited = Training(slurm, "time-limit", example(
+    limited = Training(slurm, "time-limit", slurm_cluster.batch_script(
         "hvdplusrun.sbatch", COMMIT_DIR=f"{SHARED}/time-limit/commits",
         PROGRAM="/jobs/resumable_training.py",
         ARGUMENTS=f"--steps 64 --step-seconds 1 --log-dir {SHARED}/time-limit/logs"),
         "--nodes=3", "--ntasks-per-node=1", "--time=1", "--signal=B:USR1@40")
-    preempted = Training(slurm, "preempted", example(
+    preempted = Training(slurm, "preempted", slurm_cluster.batch_script(
         "hvdplusrun.sbatch", COMMIT_DIR=f"{SHARED}/preempted/commits", PROGRAM="/jobs/resumable_training.py",
         ARGUMENTS=f"--steps 30 --step-seconds 0.5 --log-dir {SHARED}/preempted/logs "
                   f"--ready-file {SHARED}/preempted/ready"),
         "--nodes=3", "--ntasks-per-node=1")
-    requeued = Training(slurm, "requeued", example(
+    requeued = Training(slurm, "requeued", slurm_cluster.batch_script(
         "srun.sbatch", COMMIT_DIR=f"{SHARED}/requeued/commits", PROGRAM="/jobs/resumable_training.py",
         ARGUMENTS=f"--steps 30 --step-seconds 0.5 --log-dir {SHARED}/requeued/logs "
                   f"--ready-file {SHARED}/requeued/ready"),
@@ -201,7 +189,7 @@ def test_an_elastic_job_under_no_kill_goes_on_without_a_lost_node(slurm_image, t
     made, shared = start_cluster(tmp_path)
     with made:
         made.shared = shared
-        training = Training(made, "elastic", example(
+        training = Training(made, "elastic", slurm_cluster.batch_script(
             "elastic.sbatch", COMMIT_DIR=f"{SHARED}/elastic/commits", PROGRAM="/jobs/resumable_training.py",
             ARGUMENTS=f"--steps 20 --step-seconds 0.4 --log-dir {SHARED}/elastic/logs "
                       f"--ready-file {SHARED}/elastic/ready"),
@@ -228,7 +216,7 @@ def test_a_rank_that_raises_fails_the_job_within_seconds_naming_the_rank_and_its
     folder = slurm.shared / "raises"
     folder.mkdir()
     os.chmod(folder, 0o777)
-    job = slurm.submit(example("hvdplusrun.sbatch", PROGRAM="/jobs/resumable_training.py",
+    job = slurm.submit(slurm_cluster.batch_script("hvdplusrun.sbatch", PROGRAM="/jobs/resumable_training.py",
                                ARGUMENTS=f"--steps 30 --step-seconds 0.2 --log-dir {SHARED}/raises/logs "
                                          "--raise-at-step 3 --raise-rank 1"),
                        "--nodes=2", "--ntasks-per-node=1", f"--output={SHARED}/raises/output")

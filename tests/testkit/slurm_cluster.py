@@ -9,16 +9,18 @@ start through Slurm. Every container and the network are removed at the end, wha
 
 import os
 import re
+import shlex
 import subprocess
 import time
 import uuid
 
 from testkit import cluster
 
-__all__ = ["IMAGE", "SlurmCluster", "build_image"]
+__all__ = ["IMAGE", "SlurmCluster", "batch_script", "build_image"]
 
 IMAGE = "localhost/hvdplus:slurm"
 CONTAINER_FILES = os.path.join(cluster.REPO, "tests", "containers", "slurm")
+EXAMPLES = os.path.join(cluster.REPO, "examples", "slurm")
 # Where the job scripts and programs of tests/containers appear in every container.
 JOBS = "/jobs"
 # CPUs each node declares to Slurm (slurm.conf's config_overrides lets it differ from the machine's).
@@ -32,6 +34,18 @@ def build_image():
     cluster.build_image()
     cluster.podman("build", "--format", "docker", "--build-arg", f"BASE_IMAGE={cluster.IMAGE}",
                    "-f", os.path.join(CONTAINER_FILES, "Containerfile"), "-t", IMAGE, CONTAINER_FILES, timeout=1800)
+
+
+def batch_script(example, **settings):
+    """The text of examples/slurm/<example> with its `NAME=...` line for each of `settings` set
+    to that value (quoted for the shell), as a user edits the script before submitting it."""
+    with open(os.path.join(EXAMPLES, example)) as handle:
+        text = handle.read()
+    for name, value in settings.items():
+        text, found = re.subn(rf"^{name}=.*$", lambda _: f"{name}={shlex.quote(str(value))}", text, flags=re.M)
+        if found != 1:
+            raise ValueError(f"examples/slurm/{example} has no line {name}=...")
+    return text
 
 
 def parse_fields(line):
