@@ -149,3 +149,12 @@ def test_the_resolution_timeout_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(name_resolution.TIMEOUT_ENV, "soon")
     with pytest.raises(LaunchError, match="HVDPLUS_HOST_RESOLUTION_TIMEOUT='soon'"):
         name_resolution.timeout_from(args)
+
+
+def test_the_default_resolution_timeout_is_longer_in_a_kubernetes_pod(monkeypatch):
+    args = name_resolution.argparse.Namespace(host_resolution_timeout=None)
+    monkeypatch.delenv(name_resolution.TIMEOUT_ENV, raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert name_resolution.timeout_from(args) == 10.0  # a mistyped -H is named soon
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    assert name_resolution.timeout_from(args) == 60.0

@@ -23,7 +23,10 @@ __all__ = ["TIMEOUT_ENV", "DEFAULT_TIMEOUT_S", "add_arguments", "timeout_from", 
            "wait_for_job_hosts"]
 
 TIMEOUT_ENV = "HVDPLUS_HOST_RESOLUTION_TIMEOUT"
+# In a Kubernetes pod (KUBERNETES_SERVICE_HOST), new pods' names take a while to appear. Elsewhere
+# a name that does not resolve is most likely mistyped: it is named after a short wait.
 DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_OUTSIDE_KUBERNETES_S = 10.0
 _POLL_S = 0.5
 
 
@@ -31,17 +34,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """hvdplusrun's --host-resolution-timeout."""
     parser.add_argument("--host-resolution-timeout", type=float, metavar="SECONDS",
                         help="how long to wait for the other hosts' names to resolve before starting the job "
-                             f"(default: ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_S:g})")
+                             f"(default: ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_S:g} in a Kubernetes pod and "
+                             f"{DEFAULT_TIMEOUT_OUTSIDE_KUBERNETES_S:g} elsewhere)")
 
 
 def timeout_from(args: argparse.Namespace) -> float:
-    """The timeout the flag gives, else the variable, else the default."""
+    """The timeout the flag gives, else the variable, else the default (longer in a Kubernetes pod)."""
     flag = getattr(args, "host_resolution_timeout", None)
     if flag is not None:
         return flag
     text = os.environ.get(TIMEOUT_ENV)
     if not text:
-        return DEFAULT_TIMEOUT_S
+        return DEFAULT_TIMEOUT_S if os.environ.get("KUBERNETES_SERVICE_HOST") else DEFAULT_TIMEOUT_OUTSIDE_KUBERNETES_S
     try:
         return float(text)
     except ValueError:
