@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import re
+import threading
 import time
 
 import numpy as np
@@ -35,10 +36,20 @@ def start_cluster(folder):
 
 @pytest.fixture(scope="module")
 def slurm(slurm_image, tmp_path_factory):
+    """The module's cluster. The jobs that take a minute or more start with it and run beside
+    the other tests (LongJobs): one that trains past its time limit, one preempted, one
+    requeued, and, on a second cluster of its own, an elastic job that loses a node."""
     made, shared = start_cluster(tmp_path_factory.mktemp("slurm"))
     made.shared = shared
     with made:
-        yield made
+        lost_node, lost_node_shared = start_cluster(tmp_path_factory.mktemp("slurm-lost-node"))
+        lost_node.shared = lost_node_shared
+        with lost_node:
+            made.long_jobs = LongJobs(made, lost_node)
+            try:
+                yield made
+            finally:
+                made.long_jobs.stop()
 
 
 def rank_lines(output):
@@ -98,6 +109,24 @@ def test_hvdplus_run_under_salloc_returns_the_ranks_values_in_order(slurm):
     assert values == [[rank, 2, host, total] for rank, host in enumerate(slurm.nodes[:2])], result.stdout
 
 
+def test_a_rank_that_raises_fails_the_job_within_seconds_naming_the_rank_and_its_host(slurm):
+    folder = slurm.shared / "raises"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    job = slurm.submit(slurm_cluster.batch_script("hvdplusrun.sbatch", PROGRAM="/jobs/resumable_training.py",
+                               ARGUMENTS=f"--steps 30 --step-seconds 0.2 --log-dir {SHARED}/raises/logs "
+                                         "--raise-at-step 3 --raise-rank 1"),
+                       "--nodes=2", "--ntasks-per-node=1", f"--output={SHARED}/raises/output")
+    fields = slurm.wait_for_job(job, timeout=120)
+    output = (folder / "output").read_text()
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"] == "1:0", f"{fields}\n{output}"
+    assert f"rank 1 on host {slurm.nodes[1]}: ValueError: rank 1 refuses step 3" in output, output
+    raised = max(float(line.split()[1]) for path in (folder / "logs").iterdir()
+                 for line in path.read_text().splitlines() if line.startswith("raising"))
+    ended = datetime.datetime.fromisoformat(fields["EndTime"]).timestamp()  # whole seconds, the cluster's time zone
+    assert ended - raised < 5 + 1, f"the job ended {ended - raised:.1f} s after rank 1 raised"
+
+
 class Training:
     """One run of tests/containers/resumable_training.py as a Slurm job, with its logs and
     commits in a folder of its own under /shared."""
@@ -139,92 +168,108 @@ class Training:
         np.testing.assert_allclose(result["weights"], log.replayed_weights(), rtol=1e-12)
 
 
-def test_a_time_limit_or_a_preemption_loses_no_step(slurm):
-    """Three jobs at once (each takes one CPU of each node's two):
-    - one that trains past its one-minute time limit, warned by `--signal=B:USR1@40`;
-    - one preempted with `scancel --signal=USR1 --batch` while it runs;
-    - one started with `srun --mpi=pmix`, requeued with `scontrol requeue` (whose SIGTERM
-      reaches the ranks, which srun started themselves).
-    Each commits on the signal, requeues itself and resumes from its commit in /shared."""
-    limited = Training(slurm, "time-limit", slurm_cluster.batch_script(
-        "hvdplusrun.sbatch", COMMIT_DIR=f"{SHARED}/time-limit/commits",
-        PROGRAM="/jobs/resumable_training.py",
-        ARGUMENTS=f"--steps 64 --step-seconds 1 --log-dir {SHARED}/time-limit/logs"),
-        "--nodes=3", "--ntasks-per-node=1", "--time=1", "--signal=B:USR1@40")
-    preempted = Training(slurm, "preempted", slurm_cluster.batch_script(
-        "hvdplusrun.sbatch", COMMIT_DIR=f"{SHARED}/preempted/commits", PROGRAM="/jobs/resumable_training.py",
-        ARGUMENTS=f"--steps 30 --step-seconds 0.5 --log-dir {SHARED}/preempted/logs "
-                  f"--ready-file {SHARED}/preempted/ready"),
-        "--nodes=3", "--ntasks-per-node=1")
-    requeued = Training(slurm, "requeued", slurm_cluster.batch_script(
-        "srun.sbatch", COMMIT_DIR=f"{SHARED}/requeued/commits", PROGRAM="/jobs/resumable_training.py",
-        ARGUMENTS=f"--steps 30 --step-seconds 0.5 --log-dir {SHARED}/requeued/logs "
-                  f"--ready-file {SHARED}/requeued/ready"),
-        "--nodes=3", "--ntasks-per-node=1")
-    signalled = set()
-    deadline = time.monotonic() + 400
-    jobs = [limited, preempted, requeued]
-    while True:
-        states = {}
-        for training in jobs:
-            fields = training.fields()
-            states[training.name] = fields["JobState"]
-            training.release_if_requeued(fields)
-        if preempted.ready() and "preempted" not in signalled:
-            signalled.add("preempted")
-            slurm.run("scancel", "--signal=USR1", "--batch", preempted.job)
-        if requeued.ready() and "requeued" not in signalled:
-            signalled.add("requeued")
-            slurm.run("scontrol", "requeue", requeued.job)
-        if all(state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for state in states.values()):
-            break
-        assert time.monotonic() < deadline, f"{states}\n{slurm.logs()}"
-        time.sleep(1)
-    limited.check_nothing_lost(64, requeues_at_least=1)
-    preempted.check_nothing_lost(30, requeues_at_least=1)
-    requeued.check_nothing_lost(30, requeues_at_least=1)
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
-def test_an_elastic_job_under_no_kill_goes_on_without_a_lost_node(slurm_image, tmp_path):
-    made, shared = start_cluster(tmp_path)
-    with made:
-        made.shared = shared
-        training = Training(made, "elastic", slurm_cluster.batch_script(
+class LongJobs(threading.Thread):
+    """The module's long jobs, each started as the cluster is, and a thread beside the tests
+    that acts for each: it starts requeued jobs at once (release_if_requeued), and does what a
+    job waits for once it is ready (a preemption, a requeue, a node killed).
+
+    - `limited` trains past its one-minute time limit, warned by `--signal=B:USR1@40`;
+    - `preempted` gets `scancel --signal=USR1 --batch` while it runs;
+    - `requeued`, started with `srun --mpi=pmix`, gets `scontrol requeue` (whose SIGTERM reaches
+      the ranks, which srun started themselves);
+    - `elastic`, on `lost_node`'s cluster under `--no-kill`, loses its third node.
+    """
+
+    def __init__(self, slurm, lost_node):
+        super().__init__(name="slurm-long-jobs", daemon=True)
+        self.limited = Training(slurm, "time-limit", slurm_cluster.batch_script(
+            "hvdplusrun.sbatch", COMMIT_DIR=f"{SHARED}/time-limit/commits", PROGRAM="/jobs/resumable_training.py",
+            ARGUMENTS=f"--steps 64 --step-seconds 1 --log-dir {SHARED}/time-limit/logs"),
+            "--nodes=3", "--ntasks-per-node=1", "--time=1", "--signal=B:USR1@40")
+        self.preempted = Training(slurm, "preempted", slurm_cluster.batch_script(
+            "hvdplusrun.sbatch", COMMIT_DIR=f"{SHARED}/preempted/commits", PROGRAM="/jobs/resumable_training.py",
+            ARGUMENTS=f"--steps 30 --step-seconds 0.5 --log-dir {SHARED}/preempted/logs "
+                      f"--ready-file {SHARED}/preempted/ready"),
+            "--nodes=3", "--ntasks-per-node=1")
+        self.requeued = Training(slurm, "requeued", slurm_cluster.batch_script(
+            "srun.sbatch", COMMIT_DIR=f"{SHARED}/requeued/commits", PROGRAM="/jobs/resumable_training.py",
+            ARGUMENTS=f"--steps 30 --step-seconds 0.5 --log-dir {SHARED}/requeued/logs "
+                      f"--ready-file {SHARED}/requeued/ready"),
+            "--nodes=3", "--ntasks-per-node=1")
+        self.elastic = Training(lost_node, "elastic", slurm_cluster.batch_script(
             "elastic.sbatch", COMMIT_DIR=f"{SHARED}/elastic/commits", PROGRAM="/jobs/resumable_training.py",
             ARGUMENTS=f"--steps 20 --step-seconds 0.4 --log-dir {SHARED}/elastic/logs "
                       f"--ready-file {SHARED}/elastic/ready"),
             "--nodes=3", "--ntasks-per-node=1")
-        deadline = time.monotonic() + 60
-        while not training.ready():
-            assert time.monotonic() < deadline, f"{training.fields()}\n{made.logs()}"
-            time.sleep(0.2)
-        time.sleep(1)
-        made.kill(made.nodes[2])  # not the batch host, where hvdplusrun runs
-        fields = made.wait_for_job(training.job, timeout=180)
-        output = training.output()
-        assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", f"{fields}\n{output}"
-        log = read_step_log(training.folder / "logs")
-        log.check_complete(20)
-        assert len(log.repeated()) <= 1, f"steps that ran twice: {log.repeated()}"  # one commit interval
-        assert log.sizes()[0] == 3 and log.sizes()[-1] == 2, log.sizes()
-        result = final_result(output)
-        assert result["steps"] == 20, output
-        np.testing.assert_allclose(result["weights"], log.replayed_weights(), rtol=1e-12)
+        self.when_ready = {
+            "preempted": lambda: slurm.run("scancel", "--signal=USR1", "--batch", self.preempted.job),
+            "requeued": lambda: slurm.run("scontrol", "requeue", self.requeued.job),
+            # Not the batch host, where hvdplusrun runs.
+            "elastic": lambda: (time.sleep(1), lost_node.kill(lost_node.nodes[2])),
+        }
+        self.states = {}
+        self.error = None
+        self._stopping = threading.Event()
+        self.start()
+
+    def trainings(self):
+        return [self.limited, self.preempted, self.requeued, self.elastic]
+
+    def run(self):
+        try:
+            while not self._stopping.is_set():
+                for training in self.trainings():
+                    fields = training.fields()
+                    self.states[training.name] = fields["JobState"]
+                    training.release_if_requeued(fields)
+                    act = self.when_ready.get(training.name)
+                    if act is not None and training.ready():
+                        del self.when_ready[training.name]
+                        act()
+                if all(state in ENDED for state in self.states.values()):
+                    return
+                time.sleep(1)
+        except Exception as error:  # noqa: BLE001 - raised in the test that waits
+            self.error = error
+
+    def wait(self, *trainings, timeout=400):
+        """Wait until `trainings` have ended."""
+        deadline = time.monotonic() + timeout
+        while not all(self.states.get(training.name) in ENDED for training in trainings):
+            if self.error is not None:
+                raise self.error
+            assert self.is_alive(), f"the jobs' thread ended: {self.states}"
+            assert time.monotonic() < deadline, f"{self.states}\n{self.limited.slurm.logs()}"
+            time.sleep(1)
+
+    def stop(self):
+        self._stopping.set()
+        self.join(10)
 
 
-def test_a_rank_that_raises_fails_the_job_within_seconds_naming_the_rank_and_its_host(slurm):
-    folder = slurm.shared / "raises"
-    folder.mkdir()
-    os.chmod(folder, 0o777)
-    job = slurm.submit(slurm_cluster.batch_script("hvdplusrun.sbatch", PROGRAM="/jobs/resumable_training.py",
-                               ARGUMENTS=f"--steps 30 --step-seconds 0.2 --log-dir {SHARED}/raises/logs "
-                                         "--raise-at-step 3 --raise-rank 1"),
-                       "--nodes=2", "--ntasks-per-node=1", f"--output={SHARED}/raises/output")
-    fields = slurm.wait_for_job(job, timeout=120)
-    output = (folder / "output").read_text()
-    assert fields["JobState"] == "FAILED" and fields["ExitCode"] == "1:0", f"{fields}\n{output}"
-    assert f"rank 1 on host {slurm.nodes[1]}: ValueError: rank 1 refuses step 3" in output, output
-    raised = max(float(line.split()[1]) for path in (folder / "logs").iterdir()
-                 for line in path.read_text().splitlines() if line.startswith("raising"))
-    ended = datetime.datetime.fromisoformat(fields["EndTime"]).timestamp()  # whole seconds, the cluster's time zone
-    assert ended - raised < 5 + 1, f"the job ended {ended - raised:.1f} s after rank 1 raised"
+def test_a_time_limit_or_a_preemption_loses_no_step(slurm):
+    """Each job commits on the signal, requeues itself and resumes from its commit in /shared."""
+    jobs = slurm.long_jobs
+    jobs.wait(jobs.limited, jobs.preempted, jobs.requeued)
+    jobs.limited.check_nothing_lost(64, requeues_at_least=1)
+    jobs.preempted.check_nothing_lost(30, requeues_at_least=1)
+    jobs.requeued.check_nothing_lost(30, requeues_at_least=1)
+
+
+def test_an_elastic_job_under_no_kill_goes_on_without_a_lost_node(slurm):
+    jobs = slurm.long_jobs
+    jobs.wait(jobs.elastic)
+    training = jobs.elastic
+    fields, output = training.fields(), training.output()
+    assert "elastic" not in jobs.when_ready, f"the node was never killed: {fields}\n{output}"
+    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", f"{fields}\n{output}"
+    log = read_step_log(training.folder / "logs")
+    log.check_complete(20)
+    assert len(log.repeated()) <= 1, f"steps that ran twice: {log.repeated()}"  # one commit interval
+    assert log.sizes()[0] == 3 and log.sizes()[-1] == 2, log.sizes()
+    result = final_result(output)
+    assert result["steps"] == 20, output
+    np.testing.assert_allclose(result["weights"], log.replayed_weights(), rtol=1e-12)

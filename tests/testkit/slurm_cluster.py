@@ -23,8 +23,9 @@ CONTAINER_FILES = os.path.join(cluster.REPO, "tests", "containers", "slurm")
 EXAMPLES = os.path.join(cluster.REPO, "examples", "slurm")
 # Where the job scripts and programs of tests/containers appear in every container.
 JOBS = "/jobs"
-# CPUs each node declares to Slurm (slurm.conf's config_overrides lets it differ from the machine's).
-NODE_CPUS = 2
+# CPUs each node declares to Slurm (slurm.conf's config_overrides lets it differ from the machine's):
+# enough for the tests' jobs of one task per node to run side by side rather than queue.
+NODE_CPUS = 8
 
 
 def build_image():
