@@ -53,7 +53,7 @@ from harness import RESULTS, median_rows, write_table  # noqa: E402
 from hvdplus.runner.supervise import PASS_ON_AFTER_SECONDS  # noqa: E402
 
 NODES = 3
-SHARED = "/shared"
+SHARED = slurm_cluster.SHARED
 JOB_TIMEOUT_S = 300
 FIRST_COLLECTIVE = f"{slurm_cluster.JOBS}/first_collective.py"
 TORCHRUN = "torchrun under srun (c10d, gloo)"
@@ -224,10 +224,8 @@ def main():
         sys.exit(f"slurm.py needs podman: {reason}")
     slurm_cluster.build_image()
     with tempfile.TemporaryDirectory(prefix="hvdplus-slurm-bench-") as workdir:
-        shared = os.path.join(workdir, "shared")
-        os.mkdir(shared)
-        os.chmod(shared, 0o777)  # the user hvd in the containers writes there
-        with slurm_cluster.SlurmCluster(NODES, workdir, mounts={shared: (SHARED, "rw")}) as slurm:
+        with slurm_cluster.SlurmCluster(NODES, workdir, shared=True) as slurm:
+            shared = str(slurm.shared)
             versions = container_versions(slurm)
             rows = measure(slurm, shared, args.repeats)
     for row in rows:

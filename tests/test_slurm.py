@@ -19,7 +19,7 @@ from testkit.training_logs import final_result, read_step_log
 
 pytestmark = cluster.container_test_marks()
 
-SHARED = "/shared"
+SHARED = slurm_cluster.SHARED
 
 
 @pytest.fixture(scope="module")
@@ -27,29 +27,18 @@ def slurm_image():
     slurm_cluster.build_image()
 
 
-def start_cluster(folder):
-    shared = folder / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o777)  # the user hvd in the containers writes there
-    return slurm_cluster.SlurmCluster(3, str(folder), mounts={str(shared): (SHARED, "rw")}), shared
-
-
 @pytest.fixture(scope="module")
 def slurm(slurm_image, tmp_path_factory):
     """The module's cluster. The jobs that take a minute or more start with it and run beside
     the other tests (LongJobs): one that trains past its time limit, one preempted, one
     requeued, and, on a second cluster of its own, an elastic job that loses a node."""
-    made, shared = start_cluster(tmp_path_factory.mktemp("slurm"))
-    made.shared = shared
-    with made:
-        lost_node, lost_node_shared = start_cluster(tmp_path_factory.mktemp("slurm-lost-node"))
-        lost_node.shared = lost_node_shared
-        with lost_node:
-            made.long_jobs = LongJobs(made, lost_node)
-            try:
-                yield made
-            finally:
-                made.long_jobs.stop()
+    with slurm_cluster.SlurmCluster(3, str(tmp_path_factory.mktemp("slurm")), shared=True) as made, \
+            slurm_cluster.SlurmCluster(3, str(tmp_path_factory.mktemp("slurm-lost-node")), shared=True) as lost_node:
+        made.long_jobs = LongJobs(made, lost_node)
+        try:
+            yield made
+        finally:
+            made.long_jobs.stop()
 
 
 def rank_lines(output):

@@ -9,14 +9,14 @@ it. An array task is requeued as itself (`<array job>_<task>`). `SLURM_RESTART_C
 the requeues so far: at HVDPLUS_MAX_REQUEUES the job ends instead.
 """
 
-import re
 import subprocess
 import time
 from typing import Mapping, Optional
 
+from ..common import slurm_jobs
+
 __all__ = ["requeue_target", "request_requeue"]
 
-_SCONTROL_TIMEOUT_S = 30
 _TURN_S = 1.0  # between hosts' turns
 
 
@@ -26,12 +26,6 @@ def requeue_target(environ: Mapping[str, str]) -> Optional[str]:
     if array_job and array_task:
         return f"{array_job}_{array_task}"
     return environ.get("SLURM_JOB_ID") or None
-
-
-def _job_fields(target: str) -> dict:
-    shown = subprocess.run(["scontrol", "show", "job", "-o", target], capture_output=True, text=True,
-                           timeout=_SCONTROL_TIMEOUT_S).stdout
-    return dict(re.findall(r"(\S+?)=(\S*)", shown))
 
 
 def request_requeue(environ: Mapping[str, str], turn: int, max_requeues: int) -> str:
@@ -45,12 +39,12 @@ def request_requeue(environ: Mapping[str, str], turn: int, max_requeues: int) ->
                 f"(HVDPLUS_MAX_REQUEUES={max_requeues})")
     time.sleep(turn * _TURN_S)
     try:
-        fields = _job_fields(target)
+        fields = slurm_jobs.job_fields(target)
         requeued = int(fields.get("Restarts") or fields.get("RestartCnt") or 0) > restarts
         if requeued or fields.get("JobState") not in ("RUNNING", None):
             return f"job {target} is already being requeued or ended (JobState={fields.get('JobState')})"
         done = subprocess.run(["scontrol", "requeue", target], capture_output=True, text=True,
-                              timeout=_SCONTROL_TIMEOUT_S)
+                              timeout=slurm_jobs.SCONTROL_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as error:
         return f"could not ask Slurm to requeue job {target}: {error}"
     if done.returncode != 0:

@@ -130,10 +130,13 @@ def given_hosts(args: argparse.Namespace) -> List[Host]:
 def job_hosts(args: argparse.Namespace) -> List[Host]:
     """The hosts a launch of `args` runs on: those -H or --hostfile name, else those of the
     Slurm allocation it runs in; none for this machine alone."""
-    hosts = given_hosts(args)
-    allocation = slurm_allocation.find_allocation(os.environ)
-    if hosts or allocation is None or on_this_machine(allocation.hosts):
-        return hosts
+    return _hosts_in(given_hosts(args), slurm_allocation.find_allocation(os.environ))
+
+
+def _hosts_in(given: List[Host], allocation: Optional[slurm_allocation.SlurmAllocation]) -> List[Host]:
+    """`given` (-H, --hostfile), else the hosts of `allocation` unless it is this machine alone."""
+    if given or allocation is None or on_this_machine(allocation.hosts):
+        return given
     return list(allocation.hosts)
 
 
@@ -181,7 +184,7 @@ def launch(args: argparse.Namespace, io: Optional[JobIO] = None) -> int:
         if args.verbose:
             print(f"hvdplusrun: {allocation.describe()}", flush=True)
         # mpirun starts its daemons on these hosts through srun: no ssh between them.
-        hosts = job_hosts(args)
+        hosts = _hosts_in(hosts, allocation)
     if _is_elastic(args):
         return _launch_elastic(args, hosts, io, allocation)
     num_proc = args.num_proc or total_slots(hosts) or (allocation and total_slots(allocation.hosts))

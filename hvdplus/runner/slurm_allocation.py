@@ -13,6 +13,7 @@ import dataclasses
 import re
 from typing import List, Mapping, Optional, Sequence
 
+from ..common import slurm_jobs
 from .errors import LaunchError
 from .hosts import Host, format_host_list
 
@@ -150,13 +151,12 @@ class SlurmNodeDiscovery:
     def hosts(self) -> List[Host]:
         import subprocess
 
-        command = [self.scontrol, "show", "job", "-o", self.allocation.job_id]
         try:
-            shown = subprocess.run(command, capture_output=True, text=True, check=True, timeout=30).stdout
+            fields = slurm_jobs.job_fields(self.allocation.job_id, check=True, scontrol=self.scontrol)
         except (OSError, subprocess.SubprocessError) as error:
-            raise LaunchError(f"{' '.join(command)} failed: {error}") from None
-        node_list = re.search(r"(?:^|\s)NodeList=(\S+)", shown)
-        if node_list is None or node_list.group(1) == "(null)":
+            raise LaunchError(f"{self.scontrol} show job -o {self.allocation.job_id} failed: {error}") from None
+        node_list = fields.get("NodeList")
+        if not node_list or node_list == "(null)":
             return []
-        still = set(expand_host_list(node_list.group(1)))
+        still = set(expand_host_list(node_list))
         return [host for host in self.allocation.hosts if host.name in still]

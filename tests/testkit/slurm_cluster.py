@@ -8,12 +8,14 @@ start through Slurm. Every container and the network are removed at the end, wha
 """
 
 import os
+import pathlib
 import re
 import shlex
 import subprocess
 import time
 import uuid
 
+from hvdplus.common.slurm_jobs import parse_fields
 from testkit import cluster
 
 __all__ = ["IMAGE", "SlurmCluster", "batch_script", "build_image"]
@@ -23,6 +25,8 @@ CONTAINER_FILES = os.path.join(cluster.REPO, "tests", "containers", "slurm")
 EXAMPLES = os.path.join(cluster.REPO, "examples", "slurm")
 # Where the job scripts and programs of tests/containers appear in every container.
 JOBS = "/jobs"
+# Where the folder that every node shares appears (a cluster's shared file system).
+SHARED = "/shared"
 # CPUs each node declares to Slurm (slurm.conf's config_overrides lets it differ from the machine's):
 # enough for the tests' jobs of one task per node to run side by side rather than queue.
 NODE_CPUS = 8
@@ -49,11 +53,6 @@ def batch_script(example, **settings):
     return text
 
 
-def parse_fields(line):
-    """`scontrol show -o` output as a dict: its Key=Value fields (values without spaces)."""
-    return dict(re.findall(r"(\S+?)=(\S*)", line))
-
-
 class SlurmCluster:
     """A controller <prefix>-ctl and `nodes` compute nodes <prefix>-node1.. with
     tests/containers at /jobs, read-only; usable as a context manager that removes it all.
@@ -62,12 +61,19 @@ class SlurmCluster:
         nodes: how many compute nodes (slurmd containers).
         workdir: a folder of this machine for the cluster's slurm.conf and munge key.
         start_timeout: seconds to wait for every node to be idle.
-        mounts: {folder of this machine: (path in every container, "ro" or "rw")}, e.g. a
-            folder that every node shares, as a cluster's shared file system.
+        mounts: {folder of this machine: (path in every container, "ro" or "rw")}.
+        shared: also give every node a folder at SHARED, which the user hvd may write: `workdir`'s
+            `shared` folder, as `self.shared` (a pathlib.Path).
     """
 
-    def __init__(self, nodes: int, workdir: str, start_timeout: float = 120, mounts=None):
+    def __init__(self, nodes: int, workdir: str, start_timeout: float = 120, mounts=None, shared=False):
         self.prefix = f"hvdplus-slurm-{uuid.uuid4().hex[:6]}"
+        self.shared = None
+        if shared:
+            self.shared = pathlib.Path(workdir) / "shared"
+            self.shared.mkdir()
+            os.chmod(self.shared, 0o777)  # the user hvd in the containers writes there
+            mounts = {**(mounts or {}), str(self.shared): (SHARED, "rw")}
         self.network = self.prefix
         self.controller = f"{self.prefix}-ctl"
         self.nodes = [f"{self.prefix}-node{i + 1}" for i in range(nodes)]
