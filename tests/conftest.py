@@ -17,7 +17,6 @@ import pytest
 
 from testkit import rank_reports
 from testkit.mpi_jobs import MpiJob, launch
-from testkit.mpich import mpich_python_or_skip_reason
 
 IN_RANK = os.environ.get("HVDPLUS_MPI_TESTS") == "1"
 collect_ignore = [] if IN_RANK else ["mpi"]
@@ -70,8 +69,11 @@ def _without_option(args, names):
 
 @pytest.fixture(scope="session")
 def mpich_python(tmp_path_factory):
-    """The python of MPICH's environment (tests/testkit/mpich.py), built once per run."""
-    python, reason = mpich_python_or_skip_reason(str(tmp_path_factory.mktemp("mpich")))
+    """The python of MPICH's environment (tests/testkit/mpich.py), built once per run, in the
+    background from the session's start (tests/testkit/preparations.py)."""
+    from testkit import preparations
+
+    python, reason = preparations.result("mpich_python", tmp_path_factory)
     if python is None:
         pytest.skip(reason)
     return python
@@ -85,12 +87,34 @@ def mpi_job():
     return MpiJob()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def background_preparations(request, tmp_path_factory):
+    """Starts the images and environments that the collected tests will need
+    (tests/testkit/preparations.py), as the first test begins."""
+    if not IN_RANK:
+        from testkit import preparations
+
+        needed = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+        preparations.start_needed(needed, tmp_path_factory)
+
+
+# The fixtures of the tests that run last, in this order: their images take long to build on a
+# fresh machine, and meanwhile (in the background) the other tests run.
+RUN_LAST = ("container_image", "kubernetes_image", "slurm_image")
+
+
 def pytest_collection_modifyitems(items):
     # `-m "not mpi"` is only right while every test that starts jobs says so.
     unmarked = [item.nodeid for item in items
                 if "mpi_job" in getattr(item, "fixturenames", ()) and item.get_closest_marker("mpi") is None]
     if unmarked:
         raise pytest.UsageError("tests that use the mpi_job fixture need the mpi marker: " + ", ".join(unmarked))
+
+    def place(item):
+        names = getattr(item, "fixturenames", ())
+        return next((position + 1 for position, name in enumerate(RUN_LAST) if name in names), 0)
+
+    items.sort(key=place)  # stable: within each group, the collected order
 
 
 _skipped_in_ci = []

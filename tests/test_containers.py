@@ -11,7 +11,7 @@ import time
 import pytest
 
 from elastic_jobs import replay  # the numpy replay of tests/test_elastic.py
-from testkit import cluster
+from testkit import cluster, preparations
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -21,15 +21,15 @@ if REASON:
 
 
 @pytest.fixture(scope="module")
-def image():
-    """The image every container runs: the Dockerfile's, with torch's CPU build."""
-    cluster.ensure_base_image()
-    cluster.build_image()
+def container_image(tmp_path_factory):
+    """The image every container runs: the Dockerfile's, with torch's CPU build (built in the
+    background from the session's start: testkit/preparations.py)."""
+    preparations.result("container_image", tmp_path_factory)
     return cluster.IMAGE
 
 
 @pytest.fixture
-def hosts(image, tmp_path):
+def hosts(container_image, tmp_path):
     made = []
 
     def make(count, mounts=None):

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from testkit import cluster, kubernetes_pods
+from testkit import cluster, kubernetes_pods, preparations
 from testkit.training_logs import final_result, read_step_log
 
 pytestmark = cluster.container_test_marks()
@@ -24,8 +24,9 @@ AGENT_PORT = 7075
 
 
 @pytest.fixture(scope="module")
-def kubernetes_image():
-    kubernetes_pods.build_image()
+def kubernetes_image(tmp_path_factory):
+    """Built in the background from the session's start (testkit/preparations.py)."""
+    preparations.result("kubernetes_image", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

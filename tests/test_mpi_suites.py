@@ -132,13 +132,6 @@ def test_process_sets_in_a_job_of_four(mpi_job, ranks_per_node, algorithm):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nranks", [2, 3])
-def test_point_to_point_messages(mpi_job, nranks):
-    # Also in the whole-suite runs above; here on their own, with the ring at 3 ranks.
-    mpi_job.run_pytest_on_ranks(nranks, ["tests/mpi/test_p2p.py"])
-
-
-@pytest.mark.timeout(300)
 def test_torch_process_sets_in_a_job_of_four(mpi_job):
     # The PyTorch adapter on sets of 1, 2 and 3 ranks side by side.
     mpi_job.run_pytest_on_ranks(4, ["tests/mpi/test_torch_process_sets.py"])

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from testkit import cluster, slurm_cluster
+from testkit import cluster, preparations, slurm_cluster
 from testkit.training_logs import final_result, read_step_log
 
 pytestmark = cluster.container_test_marks()
@@ -23,8 +23,9 @@ SHARED = slurm_cluster.SHARED
 
 
 @pytest.fixture(scope="module")
-def slurm_image():
-    slurm_cluster.build_image()
+def slurm_image(tmp_path_factory):
+    """Built in the background from the session's start (testkit/preparations.py)."""
+    preparations.result("slurm_image", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -103,6 +103,12 @@ def build_image():
                "--build-arg", "FRAMEWORKS=torch", "-t", IMAGE, REPO, timeout=1800)
 
 
+def build_images():
+    """The base image, made where it is missing, then IMAGE over it."""
+    ensure_base_image()
+    build_image()
+
+
 class Cluster:
     """`hosts` containers named <prefix>-1.. on a network of their own, sharing a job key,
     with tests/containers at /jobs and each {folder: path} of `mounts`, read-only."""
