@@ -46,8 +46,9 @@ def pytest_cmdline_main(config):
     if nranks is None or IN_RANK:
         return None
     args = _without_option(list(config.invocation_params.args), ("--ranks", "--rank-timeout"))
-    paths = [arg for arg in args if not arg.startswith("-")]
-    options = [arg for arg in args if arg.startswith("-")]
+    # pytest's own parse tells the paths from options' values (`-p no:cacheprovider`, `-k name`).
+    paths = [arg for arg in args if arg in config.args]
+    options = [arg for arg in args if arg not in config.args]
     run = rank_reports.run_suite_on_ranks(launch, nranks, paths, options,
                                           timeout=config.getoption("rank_timeout"), keep_output=True)
     print(run.describe())

@@ -16,8 +16,9 @@ SUITE = "tests/jobs/in_rank_failures.py"
 
 
 def rerun_on_ranks(nranks, env=None):
-    return subprocess.run([sys.executable, "-m", "pytest", SUITE, "--ranks", str(nranks)], cwd=REPO,
-                          env=dict(os.environ, **(env or {})), capture_output=True, text=True, timeout=150)
+    # An option with its value apart, which the ranks' pytest must receive as a pair.
+    return subprocess.run([sys.executable, "-m", "pytest", SUITE, "--ranks", str(nranks), "-p", "no:cacheprovider"],
+                          cwd=REPO, env=dict(os.environ, **(env or {})), capture_output=True, text=True, timeout=150)
 
 
 def failed_lines(output):
