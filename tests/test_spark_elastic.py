@@ -117,3 +117,50 @@ def test_an_elastic_job_survives_a_lost_task_and_goes_on_with_its_retry(spark, t
     # new one, as Spark's retry comes before the restart or after it.
     assert sizes[:4] == [2] * 4 and sizes[-1] == 2, sizes
     assert "the job lost a host; restart 1 of at most 3" in capfd.readouterr().err
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_tasks_that_arrive_and_leave_together_are_all_listed_then_all_dropped():
+    """The driver's board lists each connected task for the discovery script, whatever the
+    order in which many of them come and go at once."""
+    import json
+    import socket
+    import subprocess
+    import threading
+
+    from hvdplus.spark.elastic import _TaskBoard
+
+    board = _TaskBoard("127.0.0.1")
+    hosts = [f"task-{i}" for i in range(24)]
+    start = threading.Barrier(len(hosts))
+    connections = []
+
+    def connect(host):
+        connection = socket.create_connection(board.address)
+        start.wait()
+        connection.sendall((json.dumps({"key": board.key, "host": host}) + "\n").encode())
+        connections.append(connection)
+
+    def listed():
+        return sorted(subprocess.run([board.discovery_script], capture_output=True, text=True,
+                                     check=True).stdout.split())
+
+    def wait_for(expected):
+        deadline = time.monotonic() + 30
+        while listed() != expected:
+            assert time.monotonic() < deadline, f"the discovery script lists {listed()}, not {expected}"
+            time.sleep(0.05)
+
+    try:
+        threads = [threading.Thread(target=connect, args=(host,)) for host in hosts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wait_for(sorted(f"{host}:1" for host in hosts))
+        for connection in connections:
+            connection.close()
+        wait_for([])  # each departure is seen: no admitting thread failed
+        assert board.hosts() == []
+    finally:
+        board.close()

@@ -177,10 +177,10 @@ class _TaskBoard:
         os.chmod(self.discovery_script, 0o755)
         self._tasks: Dict[str, "_TaskLink"] = {}
         self._lock = threading.Lock()
+        self._closed = False
         self._write_hosts()
         self._server = socket.create_server((bind_host, 0))
         self.address = (bind_host, self._server.getsockname()[1])
-        self._closed = False
         threading.Thread(target=self._accept, name="hvdplus-spark-board", daemon=True).start()
 
     def hosts(self) -> List[str]:
@@ -228,12 +228,19 @@ class _TaskBoard:
             self._write_hosts()
 
     def _write_hosts(self) -> None:
+        # Under the lock, file and all: tasks admitted together would otherwise share the
+        # temporary file, and the one that renamed second would fail, leaving its task's
+        # departure unwatched and the host listed for good.
         with self._lock:
             lines = "".join(f"{host}:1\n" for host in self._tasks)
-        if os.path.isdir(self._folder):
-            with open(self._hosts_file + ".tmp", "w") as file:
-                file.write(lines)
-            os.replace(self._hosts_file + ".tmp", self._hosts_file)
+            try:
+                with open(self._hosts_file + ".tmp", "w") as file:
+                    file.write(lines)
+                os.replace(self._hosts_file + ".tmp", self._hosts_file)
+            except FileNotFoundError:
+                if not self._closed:
+                    raise
+                # close() has removed the folder: the job is over, nobody reads the list.
 
 
 class _TaskLink:
