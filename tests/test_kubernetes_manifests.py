@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import jsonschema
 import pytest
@@ -21,8 +22,9 @@ KUBERNETES_VERSION = "1.33.0"  # the oldest whose Job has successPolicy (beta in
 
 
 def strict_validation(path):
-    return subprocess.run(["kubernetes-validate", "--strict", "--kubernetes-version", KUBERNETES_VERSION, path],
-                          capture_output=True, text=True, timeout=120)
+    # kubernetes-validate through this python: its script is on PATH only in an activated venv.
+    return subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "--kubernetes-version",
+                           KUBERNETES_VERSION, path], capture_output=True, text=True, timeout=120)
 
 
 def mpijob():
