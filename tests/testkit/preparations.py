@@ -4,9 +4,10 @@ Building a container image or a virtual environment from the package index takes
 seconds to over a minute on a fresh machine, most of it spent waiting on the network and the
 disk, while the test in front of it waits too. So when a session has collected its tests, it
 starts the preparations they will need (tests/conftest.py), one after another in one thread,
-at the lowest CPU priority: they use the time a core is idle, and a test that runs meanwhile
-keeps its timing. The tests that need one run last (conftest's ordering), and their fixture
-waits for it, or starts it then, where the session did not.
+at the lowest CPU priority: they use the time a core is idle, and the tests that run meanwhile
+slow down only a little (5 to 10 % for the first few minutes of a fresh machine's run). The
+tests that need one run last (conftest's ordering), and their fixture waits for it, or starts
+it then, where the session did not.
 
 A preparation that fails raises its error in every fixture that waits for it, as it would
 have had the fixture made it itself.
