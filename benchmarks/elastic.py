@@ -163,7 +163,6 @@ def container_cluster():
     if reason:
         print(f"no lost-host measurement: {reason}", flush=True)
         return None
-    cluster.ensure_base_image()
     cluster.build_image()
     return cluster
 

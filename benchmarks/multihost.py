@@ -173,7 +173,6 @@ def main():
     reason = cluster.unavailable_reason()
     if reason:
         sys.exit(f"multihost.py needs podman: {reason}")
-    cluster.ensure_base_image()
     cluster.build_image()
     rows, versions = [], {}
     with tempfile.TemporaryDirectory(prefix="hvdplus-multihost-") as workdir:

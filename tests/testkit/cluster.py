@@ -9,6 +9,7 @@ if any. torch's CPU build reaches the image as a wheel that `pip download` puts 
 folder of the build's own.
 """
 
+import functools
 import glob
 import os
 import shutil
@@ -94,19 +95,18 @@ def download_torch_wheel(folder):
                            "PIP_EXTRA_INDEX_URL, or a folder holding the CPU wheel in PIP_FIND_LINKS")
 
 
+@functools.lru_cache(maxsize=None)
 def build_image():
-    """Build IMAGE from the Dockerfile, with torch's CPU build."""
+    """Build IMAGE from the Dockerfile, with torch's CPU build, over the base image (made first
+    where it is missing). Once a process: the Kubernetes and Slurm images are built over it, and
+    even podman's cached build takes seconds (torch's wheel is fetched again). A build that
+    failed is tried again by the next call."""
+    ensure_base_image()
     with tempfile.TemporaryDirectory(prefix="hvdplus-wheels-") as wheels:
         download_torch_wheel(wheels)
         podman("build", "--format", "docker", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
                "--volume", f"{wheels}:/opt/wheels:ro", "--build-arg", "PIP_FIND_LINKS=/opt/wheels",
                "--build-arg", "FRAMEWORKS=torch", "-t", IMAGE, REPO, timeout=1800)
-
-
-def build_images():
-    """The base image, made where it is missing, then IMAGE over it."""
-    ensure_base_image()
-    build_image()
 
 
 class Cluster:

@@ -39,7 +39,7 @@ SHARED = "/shared"
 def build_image():
     """Build IMAGE from deploy/kubernetes/Containerfile over the test image (podman's cache
     keeps each step that has not changed)."""
-    cluster.build_images()
+    cluster.build_image()
     cluster.podman("build", "--format", "docker", "--build-arg", f"BASE_IMAGE={cluster.IMAGE}",
                    "-f", os.path.join(DEPLOY, "Containerfile"), "-t", IMAGE, DEPLOY, timeout=1800)
 

@@ -23,12 +23,12 @@ from testkit import cluster, kubernetes_pods, mpich, oldest_python, slurm_cluste
 __all__ = ["PREPARATIONS", "result", "start_needed"]
 
 # Each preparation by the name of the fixture that waits for it, in the order they start: the
-# environments first, as their tests come before the containers' (each image is built on the
-# one before it, which podman's cache then keeps).
+# environments first, as their tests come before the containers'; the Kubernetes and Slurm
+# images are built over the test image, which cluster.build_image makes once a process.
 PREPARATIONS = {
     "mpich_python": lambda folders: mpich.mpich_python_or_skip_reason(str(folders.mktemp("mpich"))),
     "oldest_venv": lambda folders: oldest_python.build_venv(folders.mktemp("oldest-python")),
-    "container_image": lambda folders: cluster.build_images(),
+    "container_image": lambda folders: cluster.build_image(),
     "kubernetes_image": lambda folders: kubernetes_pods.build_image(),
     "slurm_image": lambda folders: slurm_cluster.build_image(),
 }

@@ -35,7 +35,7 @@ NODE_CPUS = 8
 def build_image():
     """Build IMAGE, and first the images it is built on (podman's cache keeps each step that
     has not changed)."""
-    cluster.build_images()
+    cluster.build_image()
     cluster.podman("build", "--format", "docker", "--build-arg", f"BASE_IMAGE={cluster.IMAGE}",
                    "-f", os.path.join(CONTAINER_FILES, "Containerfile"), "-t", IMAGE, CONTAINER_FILES, timeout=1800)
 
