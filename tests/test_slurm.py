@@ -127,6 +127,7 @@ class Training:
         self.folder.mkdir()
         os.chmod(self.folder, 0o777)
         self.job = slurm.submit(script, f"--output={SHARED}/{name}/output", "--open-mode=append", *sbatch_args)
+        self._requeue_seen = {}  # restart count: when the job was first seen requeued that many times
 
     def ready(self):
         return (self.folder / "ready").exists()
@@ -135,9 +136,19 @@ class Training:
         return self.slurm.job(self.job)
 
     def release_if_requeued(self, fields):
-        # Slurm holds a requeued batch job for about two minutes (its BeginTime); its owner may
-        # start it at once, as a user who wants the resumed job without waiting would.
-        if fields["JobState"] == "PENDING" and int(fields.get("Restarts", "0")) > 0:
+        """Start a requeued job without Slurm's wait, as a user who wants the resumed job at once would.
+
+        Slurm holds a requeued batch job for about two minutes (its BeginTime). Its owner may start
+        it at once, but not within the second of the requeue: slurmd refuses a launch whose
+        credential is not newer, in whole seconds, than the requeue's revocation of the old one,
+        and slurmctld then ends the job FAILED 1:0 ("Killing non-startable batch JobId=...: Job
+        credential revoked"). So the job is started once a whole second has passed since it was
+        first seen requeued."""
+        restarts = int(fields.get("Restarts", "0"))
+        if fields["JobState"] != "PENDING" or restarts == 0:
+            return
+        seen = self._requeue_seen.setdefault(restarts, time.time())
+        if time.time() >= seen + 1.0:
             self.slurm.run("scontrol", "update", f"JobId={self.job}", "StartTime=now")
 
     def output(self):
@@ -146,7 +157,7 @@ class Training:
     def check_nothing_lost(self, steps, requeues_at_least):
         fields, output = self.fields(), self.output()
         what = f"{self.name} (job {self.job}): {fields['JobState']}, exit code {fields['ExitCode']}\n{output[-6000:]}"
-        assert fields["JobState"] == "COMPLETED", what
+        assert fields["JobState"] == "COMPLETED", f"{what}\n{self.slurm.logs()}"
         assert int(fields["Restarts"]) >= requeues_at_least, what
         assert output.count("asked the job to stop; every rank stopped at commit") >= requeues_at_least, what
         log = read_step_log(self.folder / "logs")
