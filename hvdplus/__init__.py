@@ -11,9 +11,13 @@ numpy arrays; `hvdplus.torch`, `hvdplus.tensorflow` and `hvdplus.keras` wrap the
 
 import importlib
 
+from .core import mpi_environment
 from .core.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
 from .core.basics import __all__ as _BASICS
 from .version import __version__  # noqa: F401 (the package's version; __all__ is built on first use)
+
+# Before anything imports mpi4py.MPI, which starts MPI: the adapters do as they load.
+mpi_environment.prepare()
 
 # Loaded on first use, because importing them imports mpi4py.MPI, which initializes MPI:
 # the launcher (`python -m hvdplus.runner`) must not do that. The collectives are those that

@@ -2,6 +2,10 @@
 must fit in an allocation, srun's direct launch, the job id to requeue. tests/test_slurm.py
 runs the same on a real Slurm."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from hvdplus.core import slurm_steps
@@ -78,6 +82,20 @@ def test_a_task_of_srun_without_a_pmi_server_is_refused_before_mpi_starts():
     # A batch script, or a step of one task, is no direct launch.
     assert slurm_steps.direct_step({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}) is None
     assert slurm_steps.direct_step({**STEP, "SLURM_STEP_NUM_TASKS": "1"}) is None
+
+
+def test_importing_hvdplus_sets_pmix_for_an_srun_task_before_mpi_starts():
+    # The adapters import mpi4py.MPI, which starts MPI, as they load: the package's import is
+    # the last moment to set what PMIx reads. A value the user set stays.
+    program = ("import os, sys; import hvdplus; "
+               "print(os.environ.get('PMIX_MCA_psec'), os.environ['OMPI_MCA_osc'], 'mpi4py.MPI' in sys.modules)")
+    outside = {name: value for name, value in os.environ.items()
+               if not name.startswith(("SLURM_", "PMIX_", "OMPI_MCA_osc"))}
+    shown = [subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
+                            check=True, timeout=60).stdout.split()
+             for env in ({**outside, **STEP, "PMIX_RANK": "2"}, outside,
+                         {**outside, **STEP, "PMIX_RANK": "2", "PMIX_MCA_psec": "munge"})]
+    assert shown == [["native", "^ucx", "False"], ["None", "^ucx", "False"], ["munge", "^ucx", "False"]]
 
 
 def test_mpi_must_make_the_job_srun_made():

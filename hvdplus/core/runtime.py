@@ -14,7 +14,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 from ..common import stop_requests
 from ..common.errors import NotInitializedError
 from ..common.settings import Settings, overlaps_compute
-from . import slurm_steps
+from . import mpi_environment, slurm_steps
 
 __all__ = [
     "init", "shutdown", "is_initialized", "current",
@@ -156,14 +156,7 @@ def init(comm: Union[None, "object", Sequence[int]] = None) -> None:
         return
     # Before MPI starts: srun without a PMI server would give every task a job of its own.
     srun_step = slurm_steps.check_before_mpi_init(os.environ) if comm is None else None
-    if srun_step is not None:
-        # Slurm's PMIx server offers security components that the PMIx inside Open MPI's wheel
-        # lacks, and says so in a warning per rank; the plain one is what a job step needs.
-        os.environ.setdefault("PMIX_MCA_psec", "native")
-    if "mpi4py.MPI" not in sys.modules:
-        # hvdplus' shared-memory window is Open MPI's osc/sm business; its UCX component
-        # would only print a failed-query error on machines without UCX networking.
-        os.environ.setdefault("OMPI_MCA_osc", "^ucx")
+    mpi_environment.prepare()
     from mpi4py import MPI
 
     slurm_steps.check_after_mpi_init(srun_step, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
