@@ -27,3 +27,10 @@ def prepare(environ: Optional[MutableMapping[str, str]] = None) -> None:
         # Slurm's PMIx server offers security components that the PMIx inside Open MPI's wheel
         # lacks, and says so in a warning per rank; the plain one is what a job step needs.
         environ.setdefault("PMIX_MCA_psec", "native")
+        # Open MPI 5.0's MPI_Init otherwise waits for the modex's fence before COMM_WORLD exists
+        # in its point-to-point layer, and a message that arrives during that wait is matched
+        # against the missing state: a segfault in mca_pml_ob1_recv_frag_callback_match
+        # (open-mpi/ompi#12495), seen in the Slurm tests while other MPI jobs ran on the same
+        # nodes. With the modex in the background, MPI_Init builds COMM_WORLD first and then
+        # waits once, for that fence; Open MPI's main branch does so by default.
+        environ.setdefault("OMPI_MCA_pmix_base_async_modex", "1")
