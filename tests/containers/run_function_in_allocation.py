@@ -1,7 +1,9 @@
 """For tests/test_slurm.py, under `salloc`: hvdplus.run with no np and no hosts, which must
-take the allocation's; prints the ranks' return values, in order, as one JSON line."""
+take the allocation's; prints the allocation's node list, then the ranks' return values, in
+order, as one JSON line."""
 
 import json
+import os
 
 import hvdplus
 
@@ -18,4 +20,5 @@ def rank_and_sum(scale):
     return hvd.rank(), hvd.size(), socket.gethostname(), total.tolist()
 
 
+print("allocation", os.environ["SLURM_JOB_NODELIST"], flush=True)
 print(json.dumps(hvdplus.run(rank_and_sum, args=(2.0,))), flush=True)
