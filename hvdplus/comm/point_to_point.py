@@ -121,6 +121,7 @@ class Operation:
         self.done = False
         self.error = None
         self.result = None
+        self.steps_taken = 0  # a waiter that sees it grow knows the peer is there
 
     @property
     def header_tag(self) -> int:
@@ -132,6 +133,7 @@ class Operation:
             self.requests = [request for request in self.requests if not request.Test()]
             if self.requests:
                 return
+            self.steps_taken += 1
             self.step()
 
     def finish(self, result=None, error=None) -> None:

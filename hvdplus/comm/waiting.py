@@ -4,26 +4,23 @@ MPI_Wait and MPI_Barrier spin until they complete. Where ranks outnumber the cor
 run on (several per core, or containers sharing a machine), a rank that enters a collective
 early and spins there takes the core from the peers it waits for, which are still preparing
 their data: a large all-reduce then takes seconds instead of a fraction of one. Waiting
-here, a rank looks at what it waits for, yielding the core between looks for about a
-millisecond (as long as a fast peer takes), then sleeps briefly between looks, so that a
-long wait leaves the core to whoever needs it. `arrive_together` is such a barrier: ranks
+here, a rank looks at what it waits for with a `Backoff` between looks (yielding the core
+for about a millisecond, as long as a fast peer takes, then sleeping ever longer), so that
+a long wait leaves the core to whoever needs it. `arrive_together` is such a barrier: ranks
 pass it before moving a large buffer, then move it with MPI's own (spinning) waits, which
 keep the data flowing.
 """
 
-import os
-import time
 from typing import Callable, Optional
 
 from mpi4py import MPI
 
+from ..common.backoff import Backoff
+
 __all__ = ["wait_until", "wait", "arrive_together"]
 
-# Yield the core between looks this long, then sleep between them.
-YIELD_SECONDS = 1e-3
-SLEEP_SECONDS = 50e-6
 # While sleeping, call the caller's check this often (in looks).
-LOOKS_PER_CHECK = 256
+LOOKS_PER_CHECK = 16
 
 
 def wait_until(done: Callable[[], bool], check: Optional[Callable[[], None]] = None) -> None:
@@ -31,17 +28,11 @@ def wait_until(done: Callable[[], bool], check: Optional[Callable[[], None]] = N
     and then while sleeping (to notice a dead peer, which never arrives)."""
     if done():
         return
-    yield_until = time.monotonic() + YIELD_SECONDS
-    looks, sleeping = 0, False
+    backoff = Backoff()
     while not done():
-        looks += 1
-        if not sleeping:
-            os.sched_yield()
-            sleeping = looks % 64 == 0 and time.monotonic() >= yield_until  # the clock, now and then
-        else:
-            time.sleep(SLEEP_SECONDS)
-            if check is not None and looks % LOOKS_PER_CHECK == 0:
-                check()
+        backoff.pause()
+        if check is not None and backoff.sleeping and backoff.looks % LOOKS_PER_CHECK == 0:
+            check()
 
 
 def wait(request: MPI.Request) -> None:
@@ -49,6 +40,14 @@ def wait(request: MPI.Request) -> None:
     wait_until(request.Test)
 
 
+
 def arrive_together(comm: MPI.Comm) -> None:
-    """Return once every rank of `comm` has called this; wait without spinning."""
+    """Return once every rank of `comm` has called this; wait without spinning.
+
+    After a long wait each rank notices the others' arrival up to one sleep of its backoff
+    apart, and the first to notice would spin in the data's MPI waits until the last does. A
+    second barrier, which every rank enters as soon as it notices and waits for with a fresh
+    (short-sleeping) backoff, brings them out within a small part of that. Callers pass it
+    before moving a megabyte or more, beside which the second barrier's cost is small."""
+    wait(comm.Ibarrier())
     wait(comm.Ibarrier())

@@ -45,24 +45,19 @@ a communicator of their own, away from the engine's collectives.
 
 import numbers
 import threading
-import time
 import weakref
 from typing import Callable, Sequence, Union
 
 import numpy as np
 
 from ..comm.point_to_point import Link, Operation, Recv, Send, tag_text
+from ..common.backoff import Backoff
 from ..common.dtypes import check_supported
 from . import runtime
 from ..engine.handles import chained
 from .process_sets import runtime_of
 
 __all__ = ["send", "recv", "send_async", "recv_async", "tag_limit", "P2PHandle"]
-
-# Polling backoff while waiting: yield the core at once, then sleep up to this long.
-_SPIN_ROUNDS = 64
-_MAX_PAUSE_S = 0.0002
-
 
 _links = weakref.WeakKeyDictionary()  # a runtime's link, made on first use
 _links_lock = threading.Lock()
@@ -121,13 +116,16 @@ class P2PHandle:
 
     def wait(self):
         operation = self._operation
-        rounds = 0
+        backoff, steps = None, operation.steps_taken
         while not operation.done:
             operation.link.progress()
             if operation.done:
                 break
-            rounds += 1
-            time.sleep(0 if rounds < _SPIN_ROUNDS else min(_MAX_PAUSE_S, 1e-5 * (rounds - _SPIN_ROUNDS + 1)))
+            # A step taken means the peer is there and the next step follows at once: look
+            # again as quickly as at first (MPI moves a large message only while looked at).
+            if backoff is None or operation.steps_taken != steps:
+                backoff, steps = Backoff(), operation.steps_taken
+            backoff.pause()
         if operation.error is not None:
             raise operation.error
         return self._finish(operation.result) if self._finish is not None else operation.result

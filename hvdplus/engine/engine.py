@@ -13,7 +13,6 @@ the engine itself for a while (see `wait_for`).
 """
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -23,6 +22,8 @@ from typing import Any, List, Optional
 from mpi4py import MPI
 
 from ..comm.failures import failed_ranks, is_process_failure
+from ..comm.waiting import arrive_together
+from ..common.backoff import Backoff
 from ..common.errors import HvdplusError, RanksFailedError, ShutdownError, StalledError, error_from_wire
 from .autotune import Setting, TuningDriver
 from .completion import Completions, for_name
@@ -42,7 +43,10 @@ __all__ = ["Entry", "Engine"]
 
 _SHUTDOWN_WAIT_S = 10.0
 # How long a caller blocked on a handle drives the engine itself before it sleeps.
-_CALLER_SPIN_S = 0.020
+_CALLER_SPIN_S = 0.005
+# A batch released after nothing moved this long runs after the ranks meet (_held_too_long):
+# by then the waiting ranks sleep between looks for longer than the meeting takes.
+_HELD_S = 0.010
 # Looked up per submitted operation: a global name is cheaper than the enum's attribute.
 _JOIN = Collective.JOIN
 
@@ -167,7 +171,7 @@ class Engine:
                 # collective, where ranks outnumber cores, slowed it down many times over.
                 if self._progress.acquire(timeout=HOUSEKEEPING_S):
                     try:
-                        self._step()
+                        self._policy.note_step(self._step())
                     finally:
                         self._progress.release()
                 if not self._finished:
@@ -194,8 +198,9 @@ class Engine:
 
         Handing work to a sleeping thread and back costs two thread wake-ups, far more than
         a small all-reduce takes; so a caller that would block anyway first runs engine steps
-        itself for a while, yielding the core between steps to any process that needs it,
-        and only then sleeps until the engine thread is done."""
+        itself for a while, with a `Backoff` between steps (yielding the core at first, then
+        sleeping ever longer while nothing moves), and only then sleeps until the engine
+        thread is done."""
         with self._waiting():
             self._drive_until(handle, _CALLER_SPIN_S)
             self._completions.wait_until_done(handle)
@@ -226,52 +231,79 @@ class Engine:
             self._callers_driving += 1
         try:
             first = True
+            backoff = Backoff()
             with self._failing_aborts_the_job():  # around the loop: once, not per step
                 while not handle.done() and not self._finished and (first or time.monotonic() < deadline):
                     first = False
                     # While the engine thread runs a step, sleep on the lock rather than spin:
                     # on a node whose cores all train, a spinning caller halves that step's core.
+                    # The caller pauses holding the lock, so that the engine thread sleeps on it
+                    # meanwhile rather than take steps of its own beside the caller's.
                     if self._progress.acquire(timeout=max(deadline - time.monotonic(), 0.001)):
                         try:
-                            self._step()
+                            moved = self._step()
+                            self._policy.note_step(moved)
+                            if moved:  # a peer answered: the next answer comes as quickly
+                                backoff = Backoff()
+                            elif not handle.done() and time.monotonic() < deadline:
+                                backoff.pause()
                         finally:
                             self._progress.release()
-                    os.sched_yield()
         finally:
             with self._lock:
                 self._callers_driving -= 1
         if not handle.done():
             self._wake.set()
 
-    def _step(self) -> None:
-        """One round of send, coordinate, receive, execute."""
+    def _step(self) -> bool:
+        """One round of send, coordinate, receive, execute; whether anything moved (requests
+        sent or arrived, batches agreed or run)."""
         outgoing = self._drain_submissions()
+        moved = bool(outgoing)
         if self.coordinator is not None:
             self.coordinator.add(0, outgoing)
             if self._waiters:
                 self.coordinator.mark_waiting(0)
             else:
                 self.coordinator.waiting.discard(0)
-            self._receive_requests()
+            moved |= self._receive_requests()
             batches = self.coordinator.take_batches()
             batches += self._stalls.batches(self.coordinator)
             if self.coordinator.shutdown_ranks:
                 batches.append(Batch(Outcome.SHUTDOWN, value=min(self.coordinator.shutdown_ranks)))
             if self._tuning is not None and (move := self._tuning.take_move()) is not None:
                 batches.insert(0, move)
+            together = self._held_too_long(batches)
             if batches and self.size > 1:
-                self.control.send_batches([batch.known_ids or batch for batch in batches])
+                wire = [batch.known_ids or batch for batch in batches]
+                self.control.send_batches([Token.ARRIVE_TOGETHER, *wire] if together else wire)
             if batches and (timeline := self.timeline) is not None:
                 timeline.mark_cycle_start()
+            if together:
+                arrive_together(self.data_comm)
             self._finished |= self._execute(batches)
             if self._tuning is not None:
                 self._tuning.score(batches, self.coordinator)
+            moved |= bool(batches)
         else:
             if outgoing:
                 self.control.send_requests(outgoing)
             while not self._finished and (wire := self.control.next_batches()) is not None:
+                moved = True
+                if wire and wire[0] is Token.ARRIVE_TOGETHER:
+                    wire = wire[1:]
+                    arrive_together(self.data_comm)
                 self._finished |= self._execute([self._cache.batch(item) for item in wire])
         self.control.test_sends()
+        return moved
+
+    def _held_too_long(self, batches: List[Batch]) -> bool:
+        """Whether the ranks should meet before running `batches`: after a long wait for a
+        late rank, the others notice rank 0's answer up to one sleep of their backoff apart,
+        and a collective's MPI waits would spin meanwhile. Only batches with a collective
+        in them, which every rank runs anyway, so the meeting can hang no one."""
+        return (self.size > 1 and self._policy.still_for_s() >= _HELD_S
+                and any(not isinstance(batch.kind, Outcome) and batch.error is None for batch in batches))
 
     def _drain_submissions(self) -> list:
         with self._lock:
@@ -293,9 +325,13 @@ class Engine:
         """The request itself, or its response-cache id when it is unchanged since agreed."""
         return Token.JOIN if entry.request.kind is _JOIN else self._cache.outgoing(entry.request)
 
-    def _receive_requests(self) -> None:
+    def _receive_requests(self) -> bool:
+        """Hand the requests that arrived to the coordinator; whether any did."""
+        arrived = False
         for source, items in self.control.arrived_requests():
             self.coordinator.add(source, items)
+            arrived = True
+        return arrived
 
     def _idle(self) -> None:
         """Sleep until the next cycle, or until woken. Never poll faster: a thread that spins

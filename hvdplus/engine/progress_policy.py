@@ -4,7 +4,14 @@ once a second for shutdowns and stalls); with work in flight it cycles every
 `cycle_time_ms`. Where the node has no core to spare for it (`overlap` off), agreed
 collectives wait until some rank waits for one, submitting does not wake the thread, and its
 cycle stretches to 50 ms while no caller waits: the data moves when the ranks' cores are free,
-driven by the waiting callers themselves (see Engine.wait_for)."""
+driven by the waiting callers themselves (see Engine.wait_for). While work is in flight but
+nothing moves (a peer is late), the cycle stretches with the time nothing has moved, as a
+`Backoff` does: a late peer is noticed a small fraction of its lateness later, and a long
+wait costs tens of cycles rather than one per millisecond."""
+
+import time
+
+from ..common.backoff import LATE_FRACTION, MAX_SLEEP_S
 
 __all__ = ["ProgressPolicy", "HOUSEKEEPING_S"]
 
@@ -29,6 +36,16 @@ class ProgressPolicy:
 
     def set_cycle(self, cycle_ms: float) -> None:
         self._cycle_s = self._backoff_s = cycle_ms / 1000.0
+        self._still_since = time.monotonic()
+
+    def note_step(self, moved: bool) -> None:
+        """Whether the step just taken moved anything (see Engine._step)."""
+        if moved:
+            self._still_since = time.monotonic()
+
+    def still_for_s(self) -> float:
+        """How long no step has moved anything."""
+        return time.monotonic() - self._still_since
 
     def wakes_on_submit(self) -> bool:
         """Whether a submission wakes an idle thread: only where it has a core of its own;
@@ -42,7 +59,8 @@ class ProgressPolicy:
             self._backoff_s = self._cycle_s
             return HOUSEKEEPING_S if self.overlap else _MAX_BACKOFF_S
         if self.overlap or waiters:
-            return self._cycle_s
+            still_s = time.monotonic() - self._still_since
+            return max(self._cycle_s, min(MAX_SLEEP_S, still_s * LATE_FRACTION))
         # Held until someone waits: look less and less often, sending what was submitted.
         sleep, self._backoff_s = self._backoff_s, min(2 * self._backoff_s, _MAX_BACKOFF_S)
         return sleep

@@ -74,6 +74,9 @@ class Token(enum.Enum):
     SHUTDOWN = "shutdown"  # this rank's engine is stopping
     WAITING = "waiting"  # a caller on this rank now waits for a result
     NOT_WAITING = "not waiting"  # no caller on this rank waits any more
+    # From rank 0, first in a list of batches it held a while: the ranks meet without spinning
+    # before running them (see Engine._arrive_together_after_a_hold).
+    ARRIVE_TOGETHER = "arrive together"
 
 
 class Outcome(_TextEnum):

@@ -6,6 +6,7 @@ import pytest
 import hvdplus as hvd
 from hvdplus.core.runtime import current
 
+from testkit import late_peer
 from testkit.rank_data import rank_values
 
 DTYPES = ["float32", "float64", "int32", "float16"]
@@ -284,3 +285,17 @@ def test_output_that_does_not_match_is_refused_everywhere(rank):
         pytest.skip("needs two ranks")
     with pytest.raises(ValueError, match="rank 1: allreduce .bad_output.: output has shape"):
         hvd.synchronize(hvd.allreduce_async(np.ones(4), name="bad_output", output=output))
+
+
+def test_a_rank_waiting_in_the_engine_for_a_late_peer_leaves_the_core_to_others(rank, size):
+    # The caller drives the engine for a while and the engine thread cycles while a collective
+    # is in flight: both back off while nothing moves (testkit.late_peer holds the limit).
+    if size == 1:
+        pytest.skip("needs a peer")
+    data = np.full(1024, rank + 1, np.float32)
+    hvd.allreduce(data, op=hvd.Sum, name="late_peer.engine")  # agreed once: the wait below is the peer's
+    waited, cpu = late_peer.wait_for_late_peer(
+        lambda: hvd.allreduce(data, op=hvd.Sum, name="late_peer.engine"), current().algorithms.comm.Barrier,
+        rank == size - 1)
+    if rank != size - 1:
+        late_peer.check_share(waited, cpu, "hvd.allreduce of 4 KiB through the engine")

@@ -10,7 +10,9 @@ import pytest
 
 import hvdplus as hvd
 from hvdplus.common.dtypes import SUPPORTED_DTYPE_NAMES
+from hvdplus.core.runtime import current
 
+from testkit import late_peer
 from testkit.rank_data import rank_values
 
 try:
@@ -104,6 +106,22 @@ def test_waiting_for_one_message_moves_the_others_on(rank):
         first = hvd.recv_async(1, 0, tag=1, dtype=np.float64)
         assert hvd.recv(1, 0, tag=2, dtype=np.float64)[0] == 2.0
         assert first.done() and first.wait()[0] == 1.0
+
+
+def test_a_rank_receiving_from_a_late_sender_leaves_the_core_to_others(rank, size):
+    # The receiver looks at its message with a backoff (testkit.late_peer holds the limit).
+    if size == 1:
+        pytest.skip("needs a peer")
+    sent = np.arange(1024, dtype=np.float32)
+    if rank == size - 1:
+        late_peer.wait_for_late_peer(lambda: [hvd.send(sent, peer, tag=5) for peer in range(size - 1)],
+                                     current().algorithms.comm.Barrier, late=True)
+    else:
+        into = np.empty_like(sent)
+        waited, cpu = late_peer.wait_for_late_peer(lambda: hvd.recv(into, size - 1, tag=5),
+                                                   current().algorithms.comm.Barrier, late=False)
+        assert_same(into, sent)
+        late_peer.check_share(waited, cpu, f"hvd.recv from rank {size - 1}")
 
 
 def test_poll_drives_messages_to_completion(rank):
