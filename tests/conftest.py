@@ -5,8 +5,9 @@ They are only collected inside such a job (HVDPLUS_MPI_TESTS=1); `pytest FILE::T
 starts one from here.
 
 One-process tests that start ranks get the launcher from the `mpi_job` fixture and carry the
-`mpi` marker, so `pytest -m "not mpi"` runs the rest in seconds; `slow` marks those that take
-more than about 20 s.
+`mpi` marker, so `pytest -m "not mpi"` runs the rest in seconds. `slow` marks those that take
+more than about 20 s, and every `mpi` test not marked `quick`: `pytest -m "not slow"` is the
+quick tier, the one-process tests and a few multi-rank suites, in a few minutes.
 
 In CI (`CI=true`) a skipped test fails the run: every test there has what it needs, so a skip
 means a missing install step. docs/development.md says more."""
@@ -104,12 +105,18 @@ def background_preparations(request, tmp_path_factory):
 RUN_LAST = ("container_image", "kubernetes_image", "slurm_image")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(items):
     # `-m "not mpi"` is only right while every test that starts jobs says so.
     unmarked = [item.nodeid for item in items
                 if "mpi_job" in getattr(item, "fixturenames", ()) and item.get_closest_marker("mpi") is None]
     if unmarked:
         raise pytest.UsageError("tests that use the mpi_job fixture need the mpi marker: " + ", ".join(unmarked))
+
+    # The quick tier: a test that starts ranks or services is slow unless marked quick.
+    for item in items:
+        if item.get_closest_marker("mpi") is not None and item.get_closest_marker("quick") is None:
+            item.add_marker(pytest.mark.slow)
 
     def place(item):
         names = getattr(item, "fixturenames", ())

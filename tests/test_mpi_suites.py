@@ -19,19 +19,32 @@ pytestmark = pytest.mark.mpi
 MPI_SUITES = sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, "tests", "mpi", "test_*.py")))
 
 
+TF_SUITES = [suite for suite in MPI_SUITES if os.path.basename(suite).startswith("test_tf_")]
 # TensorFlow's suites at 3 ranks only (and at 1, below): its bridge does the same at every
 # size, and two of its ranks reach the engine as the core's and torch's suites do at 2.
-SUITE_JOBS = [(suite, nranks) for suite in MPI_SUITES for nranks in (2, 3)
-              if nranks == 3 or not os.path.basename(suite).startswith("test_tf_")]
+SUITE_JOBS = [(suite, nranks) for suite in MPI_SUITES for nranks in (2, 3) if suite not in TF_SUITES]
+# The quick tier (`-m "not slow"`) keeps the framework-free suites that run in seconds, at the
+# odd size: the core's collectives, engine, errors, algorithms, process sets and topology.
+QUICK_SUITES = {f"tests/mpi/test_{name}.py" for name in
+                ("collectives", "engine", "errors", "algorithms", "process_sets", "topology")}
+SUITE_JOBS = [pytest.param(suite, nranks, marks=pytest.mark.quick) if (suite in QUICK_SUITES and nranks == 3)
+              else (suite, nranks) for suite, nranks in SUITE_JOBS]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("suite, nranks", SUITE_JOBS, ids=lambda value: str(value) if isinstance(value, int)
                          else os.path.basename(value))
 def test_suite_on_ranks(mpi_job, suite, nranks):
-    # One job per file, so a failure names its file before its test and rank.
+    # One job per file; a failure names its file, test and rank.
     mpi_job.run_pytest_on_ranks(nranks, [suite])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tensorflow_suites_on_three_ranks(mpi_job):
+    # One job for TensorFlow's files: each rank pays TensorFlow's import (many seconds where
+    # three ranks share two cores) once rather than once a file. A failure names its file.
+    mpi_job.run_pytest_on_ranks(3, TF_SUITES, timeout=560)
 
 
 @pytest.mark.slow

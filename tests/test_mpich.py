@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from testkit import timing
 from testkit.mpi_jobs import REPO
 from testkit.mpich import mpich_job_env
 from testkit.programs import c_program, seconds_since_leaving
@@ -31,7 +32,9 @@ def test_hvdplusrun_finds_mpich_there(mpich_python):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nranks", [3, 4])  # odd and a power of two; the tests below run jobs of two
+# An odd size, which breaks ring and split arithmetic first; the tests below run jobs of two. The
+# framework-free suites run at 4 ranks (a power of two) on Open MPI (tests/test_mpi_suites.py).
+@pytest.mark.parametrize("nranks", [3])
 def test_core_suites_on_mpich(mpi_job, mpich_python, nranks):
     run = mpi_job.run_pytest_on_ranks(nranks, ["tests/mpi"], env=mpich_job_env(mpich_python), python=mpich_python)
     assert run.counts["passed"] > 100 * nranks, run.describe()
@@ -67,4 +70,4 @@ def test_a_python_c_rank_exiting_with_an_error_ends_the_job_within_seconds(mpi_j
     result = mpi_job(2, program, env=mpich_job_env(mpich_python), timeout=60, python=mpich_python)
     seconds = seconds_since_leaving(result.stdout)
     assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
-    assert seconds < 5, f"the job ended {seconds:.1f} s after rank 1 left"
+    timing.assert_took_under(seconds, 5, quiet=0.4, what="an MPICH job ending after rank 1 left")
