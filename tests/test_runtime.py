@@ -59,6 +59,16 @@ def test_horovods_build_queries_answer_before_init(module, uninitialized):
         assert getattr(adapter, query)() is False
 
 
+@pytest.mark.parametrize("module", ["hvdplus", "hvdplus.torch", "hvdplus.tensorflow", "hvdplus.keras"])
+def test_gpu_available_answers_false_for_every_framework(module, capsys):
+    # Horovod's horovod.tensorflow and horovod.torch.mpi_ops (served by hvdplus.torch) export it;
+    # hvdplus has no GPU build, so the truthful answer is False whatever the machine has.
+    adapter = pytest.importorskip(module)
+    assert adapter.gpu_available("torch") is False
+    assert adapter.gpu_available("tensorflow", verbose=True) is False
+    assert "extension tensorflow was NOT built with GPU support" in capsys.readouterr().out
+
+
 def test_shutdown_then_init_again(uninitialized):
     hvd.init()
     hvd.shutdown()

@@ -4,7 +4,7 @@ none of these libraries. Like Horovod's, they answer before `init()`.
 """
 
 __all__ = ["gloo_built", "gloo_enabled", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
-           "rocm_built", "sycl_built"]
+           "rocm_built", "sycl_built", "gpu_available"]
 
 
 def nccl_built() -> int:
@@ -23,3 +23,18 @@ def _built_without() -> bool:
 
 
 gloo_built = ddl_built = ccl_built = cuda_built = rocm_built = sycl_built = _built_without
+
+
+def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
+    """Horovod's question whether its extension for a framework runs with a GPU: False, for
+    every framework, since hvdplus has no GPU build (CUDA tensors are staged through host
+    memory).
+
+    Args:
+        ext_base_name: the framework's extension, as Horovod names it ("torch", "tensorflow").
+        verbose: also print the answer, as Horovod's does.
+    """
+    if verbose:
+        print(f"hvdplus: extension {ext_base_name} was NOT built with GPU support "
+              "(hvdplus stages GPU tensors through host memory)")
+    return False

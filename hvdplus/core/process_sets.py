@@ -4,6 +4,11 @@
     if evens.included():
         hvd.allreduce(x, process_set=evens)      # averaged over ranks 0 and 2
 
+A set given as an mpi4py communicator (`ProcessSet(subcomm)`) is each rank's own, as in
+Horovod: every rank may pass a different one (the halves of a `Split`), and every distinct
+set of ranks the ranks' communicators hold is added, each rank's ProcessSet getting the id
+of its own communicator's set.
+
 Each set has an engine, a topology and algorithms of its own (a Runtime over a
 communicator of its ranks), so collectives on disjoint sets run independently: a stall
 in one set never holds up another, and names are scoped per set. Ranks are the job's
@@ -28,7 +33,7 @@ class ProcessSet:
 
     Args:
         ranks: the job ranks of the set (any order; duplicates are an error), or an mpi4py
-            communicator whose processes are the set.
+            communicator whose processes are this rank's set (each rank may pass its own).
     """
 
     def __init__(self, ranks: Union[Sequence[int], "object"]):
@@ -38,7 +43,8 @@ class ProcessSet:
         self.ranks: Optional[List[int]] = None if ranks is None or self.mpi_comm else _ranks_of(ranks)
 
     def __repr__(self):
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        # Horovod's words (its __str__), which programs print and compare.
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
 
     def __eq__(self, other):
         return isinstance(other, ProcessSet) and self.ranks == other.ranks
@@ -76,15 +82,19 @@ def _ranks_of(ranks) -> List[int]:
 
 
 def _communicator_ranks(comm) -> List[int]:
+    """The job ranks of `comm`'s processes; ValueError if some process is not in the job."""
     from mpi4py import MPI
 
     job = runtime.current("ProcessSet(communicator)").topology.comm
     group, job_group = comm.Get_group(), job.Get_group()
     try:
-        return sorted(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group))
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group)
     finally:
         group.Free()
         job_group.Free()
+    if MPI.UNDEFINED in ranks:
+        raise ValueError(f"ProcessSet({comm}): the communicator has processes outside the job")
+    return sorted(ranks)
 
 
 global_process_set = ProcessSet(None)
@@ -95,12 +105,14 @@ _follows_reforms = False  # whether _after_reform is registered (once for the pr
 
 def init(comm=None, process_sets: Union[None, str, Sequence[ProcessSet]] = None) -> None:
     """Start hvdplus (see runtime.init), then add `process_sets` (a list of ProcessSets or
-    rank lists, the same on every rank; "dynamic", Horovod's switch for adding sets later,
-    is accepted: sets can always be added later here).
+    rank lists, the same on every rank but for communicators, which are each rank's own;
+    "dynamic", Horovod's switch for adding sets later, is accepted: sets can always be
+    added later here).
 
-    All or nothing: when a set cannot be added (ranks that disagree, a duplicate, a rank
-    beyond the job), every rank raises the same ValueError and no set is added; a runtime
-    this call started is shut down again, so that a later `init` starts afresh.
+    A refused list (ranks that disagree, a duplicate, a rank beyond the job) raises the same
+    ValueError on every rank and adds none of its sets, while hvdplus stays initialized, as
+    Horovod does: `size()`, `rank()` and the global set work, and `init` may be called again
+    with a list that can be added.
     """
     if isinstance(process_sets, str) and process_sets != "dynamic":
         raise ValueError(f"init(process_sets={process_sets!r}): expected a list of process sets or 'dynamic'")
@@ -108,22 +120,18 @@ def init(comm=None, process_sets: Union[None, str, Sequence[ProcessSet]] = None)
     runtime.init(comm)
     if not runtime.is_initialized():
         return
-    listed = process_sets is not None and not isinstance(process_sets, str)
-    try:
-        global_process_set.ranks = list(runtime.current("init()").ranks)
-        # A starting job compares even an empty list: a rank that passed sets where another
-        # passed none would otherwise wait for it forever.
-        if listed or started:
-            _add_all(list(process_sets) if listed else [], "init(process_sets=...)")
-    except Exception:
-        if started:
-            runtime.shutdown()
-            global_process_set.ranks = None
-        raise
+    global_process_set.ranks = list(runtime.current("init()").ranks)
+    if hasattr(comm, "Get_group") or started:
+        global_process_set.mpi_comm = comm if hasattr(comm, "Get_group") else None
     global _follows_reforms
     if not _follows_reforms:
         runtime.on_reform(_after_reform)
         _follows_reforms = True
+    listed = process_sets is not None and not isinstance(process_sets, str)
+    # A starting job compares even an empty list: a rank that passed sets where another
+    # passed none would otherwise wait for it forever.
+    if listed or started:
+        _add_all(list(process_sets) if listed else [], "init(process_sets=...)")
 
 
 def _after_reform() -> None:
@@ -221,43 +229,66 @@ def _add_all(process_sets: list, what: str) -> List[ProcessSet]:
     job = runtime.current(what)
     try:
         sets = [_as_process_set(process_set) for process_set in process_sets]
-        mine = [process_set.ranks for process_set in sets]
+        mine = [_given(process_set) for process_set in sets]
     except Exception as error:  # noqa: BLE001 (this rank's own input: every rank raises it below)
         sets, mine = [], f"{type(error).__name__}: {error}"
-    fault = _fault_in(job.admin_comm.allgather(mine), job)
+    everyone = job.admin_comm.allgather(mine)
+    fault = _fault_in(everyone, job)
     if fault:
         raise ValueError(f"{what}: {fault}")
-    for process_set in sets:
-        process_set.process_set_id = job.register_process_set(process_set.ranks)
+    ids = {tuple(ranks): job.register_process_set(ranks) for ranks, _ in _sets_to_add(everyone)}
+    for process_set, (_, ranks) in zip(sets, mine):
+        process_set.ranks = ranks
+        process_set.process_set_id = ids[tuple(ranks)]
     return sets
 
 
 def _as_process_set(process_set) -> ProcessSet:
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    if process_set.ranks is None and process_set.mpi_comm is not None:
-        process_set.ranks = _communicator_ranks(process_set.mpi_comm)
-    return process_set
+    return process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+
+
+def _given(process_set: ProcessSet) -> tuple:
+    """("comm", the job ranks of this rank's communicator) for a set given as a communicator,
+    ("ranks", its ranks) for one given as ranks."""
+    if process_set.mpi_comm is not None:
+        return "comm", _communicator_ranks(process_set.mpi_comm)
+    return "ranks", process_set.ranks
+
+
+def _sets_to_add(everyone: list) -> List[tuple]:
+    """(ranks, where in the list) of each set to add, in Horovod's order: first, list entry
+    by list entry, the distinct sets of the ranks' communicators (sorted), then the sets
+    given as ranks."""
+    from_comms = [(ranks, index) for index, (kind, _) in enumerate(everyone[0]) if kind == "comm"
+                  for ranks in sorted({tuple(given[index][1]) for given in everyone})]
+    from_ranks = [(tuple(ranks), index) for index, (kind, ranks) in enumerate(everyone[0]) if kind == "ranks"]
+    return [(list(ranks), index) for ranks, index in from_comms + from_ranks]
 
 
 def _fault_in(everyone: list, job) -> Optional[str]:
-    """Why the sets that every rank passed (`everyone[r]`: rank r's rank lists, or the error
-    its input raised) cannot be added; None when they can. Alike on every rank."""
+    """Why the sets that every rank passed (`everyone[r]`: rank r's (kind, ranks) pairs, or
+    the error its input raised) cannot be added; None when they can. Alike on every rank."""
     failed = [f"rank {r}: {given}" for r, given in enumerate(everyone) if isinstance(given, str)]
     if failed:
         return "; ".join(failed)
-    if any(given != everyone[0] for given in everyone):
+    shapes = [[ranks if kind == "ranks" else kind for kind, ranks in given] for given in everyone]
+    if any(shape != shapes[0] for shape in shapes):
         return "the ranks disagree about the set's ranks: " + "; ".join(
-            f"rank {r} passed {', '.join(map(str, given)) or 'no set'}" for r, given in enumerate(everyone))
+            f"rank {r} passed {', '.join(map(_described, given)) or 'no set'}" for r, given in enumerate(everyone))
     size = job.topology.size
     holders = {tuple(ranks): f"process set {set_id}" for set_id, ranks in job.process_set_ranks.items()}
-    for index, ranks in enumerate(everyone[0]):
+    for ranks, index in _sets_to_add(everyone):
         if ranks[-1] >= size:
             return f"set {ranks}: ranks must be below the job's size {size}"
         if tuple(ranks) in holders:
             return f"set {ranks}: {holders[tuple(ranks)]} has the same ranks"
         holders[tuple(ranks)] = f"set {index} of the list"
     return None
+
+
+def _described(given: tuple) -> str:
+    kind, ranks = given
+    return str(ranks) if kind == "ranks" else f"a communicator of {ranks}"
 
 
 def remove_process_set(process_set: ProcessSet) -> None:

@@ -280,9 +280,12 @@ class _DistributedOptimizer:
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
+                # Horovod's words, which users search for.
                 warnings.warn(
-                    "optimizer.step() after optimizer.synchronize() synchronizes again; wrap step() "
-                    "in `with optimizer.skip_synchronize():`", stacklevel=2)
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                    "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in your "
+                    "code.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return super().step(closure)

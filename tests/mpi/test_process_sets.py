@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import hvdplus as hvd
+from hvdplus.core import runtime
 
 from testkit.rank_data import rank_values
 
@@ -39,39 +40,71 @@ def sets():
             hvd.remove_process_set(process_set)
 
 
-def test_a_failed_init_leaves_nothing_behind_and_a_later_init_works(rank, size):
-    # First in the file, before the fixture below adds sets: hvdplus starts afresh here.
+def registered():
+    """{process set id: ranks} of every set the job holds, the global one (0) included."""
+    return {set_id: list(ranks) for set_id, ranks in sorted(runtime.current().process_set_ranks.items())}
+
+
+def assert_running_on_the_global_set_alone(rank, size):
+    assert hvd.is_initialized() and (hvd.size(), hvd.rank()) == (size, rank)
+    assert registered() == {0: list(range(size))}
+    values = {r: rank_values(np.float64, (5,), r, seed=9) for r in range(size)}
+    np.testing.assert_allclose(hvd.allreduce(values[rank], op=hvd.Sum), np.sum(list(values.values()), axis=0))
+
+
+def test_a_refused_init_keeps_the_job_and_a_second_init_adds_exactly_its_list(rank, size):
+    from mpi4py import MPI
+
+    # First in the file, before the fixture below adds sets: the job starts afresh here.
     hvd.shutdown()
-    halves = [list(range(0, size, 2)), list(range(1, size, 2))] if size > 1 else []
-    sets = [hvd.ProcessSet(ranks) for ranks in halves]
-    # The duplicate comes after the sets that could be added: none of them may stay behind.
-    failing = sets + [hvd.ProcessSet(range(0, size, 2))]
-    with pytest.raises(ValueError, match=r"init\(process_sets=...\): set \[0.*\]: .* has the same ranks"):
-        hvd.init(process_sets=failing)
-    assert not hvd.is_initialized() and all(process_set.process_set_id is None for process_set in sets)
-    if size > 1:  # rank 0 alone passes sets: every rank raises, none waits for the others
-        with pytest.raises(ValueError, match=r"the ranks disagree about the set's ranks: rank 0 passed \[0.*rank 1 "
+    world = MPI.COMM_WORLD
+    halves = world.Split(color=rank % 2, key=rank)  # each rank's own half, as in Horovod's programs
+    evens, odds = list(range(0, size, 2)), list(range(1, size, 2))
+    clones = [world.Dup(), halves.Dup()]
+    refused = [
+        [hvd.ProcessSet(clones[0])],                           # the global set's ranks
+        [hvd.ProcessSet(halves), hvd.ProcessSet(clones[1])],   # the halves twice
+        [hvd.ProcessSet(halves), hvd.ProcessSet(evens)],       # the evens from the Split and as ranks
+        [hvd.ProcessSet([0]), hvd.ProcessSet([0])],            # a rank list twice
+    ]
+    # The first refusal starts the job, the others meet it running; none leaves a set behind.
+    for sets in refused:
+        with pytest.raises(ValueError, match=r"init\(process_sets=...\): set \[0.*\]: .* has the same ranks"):
+            hvd.init(comm=world, process_sets=sets)
+        assert_running_on_the_global_set_alone(rank, size)
+        assert all(process_set.process_set_id is None for process_set in sets)
+    assert repr(refused[1][0]) == f"ProcessSet(process_set_id=None, ranks=None, mpi_comm={halves})"
+    if size > 1:  # rank 0 alone passes a set: every rank raises, none waits for the others
+        with pytest.raises(ValueError, match=r"the ranks disagree about the set's ranks: rank 0 passed \[0\]; rank 1 "
                                              "passed no set"):
-            hvd.init(process_sets=sets if rank == 0 else None)
-        assert not hvd.is_initialized()
+            hvd.init(comm=world, process_sets=[hvd.ProcessSet([0])] if rank == 0 else [])
+        assert_running_on_the_global_set_alone(rank, size)
 
-    hvd.init(process_sets=sets)
-    assert [process_set.process_set_id for process_set in sets] == list(range(1, len(sets) + 1))
+    # Horovod's order: the communicators' sets first (sorted), then the rank lists.
+    valid = ([hvd.ProcessSet(halves)] if size > 1 else []) + ([hvd.ProcessSet([0])] if size > 2 else [])
+    hvd.init(comm=world, process_sets=valid)
+    expected = {0: list(range(size)), **({1: evens, 2: odds} if size > 1 else {}), **({3: [0]} if size > 2 else {})}
+    assert registered() == expected
+    assert [process_set.process_set_id for process_set in valid] == [1 + rank % 2, 3][:len(valid)]
+    assert [process_set.ranks for process_set in valid] == [evens if rank % 2 == 0 else odds, [0]][:len(valid)]
+    assert repr(hvd.global_process_set) == f"ProcessSet(process_set_id=0, ranks={list(range(size))}, mpi_comm={world})"
     values = {r: rank_values(np.float64, (4, 3), r, seed=5) for r in range(size)}
-    for process_set in sets:
+    for process_set in valid:
         if process_set.included():
-            expected = np.sum([values[r] for r in process_set.ranks], axis=0)
-            np.testing.assert_allclose(hvd.allreduce(values[rank], op=hvd.Sum, process_set=process_set), expected)
+            expected_sum = np.sum([values[r] for r in process_set.ranks], axis=0)
+            np.testing.assert_allclose(hvd.allreduce(values[rank], op=hvd.Sum, process_set=process_set), expected_sum)
     np.testing.assert_allclose(hvd.allreduce(values[rank]), np.mean(list(values.values()), axis=0))
+    # Each rank's half is a different set, which remove_process_set (one set on every rank)
+    # cannot take: the job starts afresh for the tests below instead.
+    hvd.shutdown()
+    hvd.init()
+    for comm in [halves, *clones]:
+        comm.Free()
 
-    # On a running job a failed init adds nothing either, and leaves the job running.
-    for process_set in sets:
-        hvd.remove_process_set(process_set)
-    with pytest.raises(ValueError, match="has the same ranks"):
-        hvd.init(process_sets=failing)
-    assert hvd.is_initialized() and all(process_set.process_set_id is None for process_set in sets)
-    for process_set in sets:
-        hvd.remove_process_set(hvd.add_process_set(process_set))
+
+def test_a_process_set_prints_as_horovods():
+    assert repr(hvd.ProcessSet([2, 0])) == "ProcessSet(process_set_id=None, ranks=[0, 2], mpi_comm=None)"
+    assert str(hvd.ProcessSet([1])) == "ProcessSet(process_set_id=None, ranks=[1], mpi_comm=None)"
 
 
 def my_set(layout):

@@ -144,6 +144,28 @@ def test_explicit_synchronize_with_clipping_and_skip_synchronize(rank, size):
     assert_same_parameters(model, reference)
 
 
+HOROVODS_WORDS = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after optimizer.synchronize(). "
+    "This can cause training slowdown. You may want to consider using optimizer.skip_synchronize() context if you "
+    "use optimizer.synchronize() in your code.")
+
+
+def test_step_after_synchronize_without_skip_synchronize_warns_in_horovods_words(rank, size):
+    batches = global_batches(size, steps=2)
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                         named_parameters=model.named_parameters())
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss_fn(model, rows(rank, x), rows(rank, y)).backward()
+        optimizer.synchronize()
+        with pytest.warns(UserWarning) as caught:
+            optimizer.step()
+        assert [str(w.message) for w in caught if "skip_synchronize" in str(w.message)] == [HOROVODS_WORDS]
+    # Synchronizing again averages gradients the ranks already share: the step is unchanged.
+    assert_same_parameters(model, single_process(lambda p: torch.optim.SGD(p, lr=0.5), batches))
+
+
 def test_unused_parameters_and_schedulers_and_state_dict(rank, size):
     model = make_model()
     extra = torch.nn.Parameter(torch.ones(2))  # never used in the loss
