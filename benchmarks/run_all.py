@@ -48,6 +48,7 @@ class Benchmark:
 BENCHMARKS = (
     Benchmark("collectives_np2.csv", "hvdplusrun -np 2 python benchmarks/collectives.py"),
     Benchmark("engine_np2.csv", "hvdplusrun -np 2 python benchmarks/engine.py"),
+    Benchmark("waiting_np2.csv", "hvdplusrun -np 2 python benchmarks/waiting.py"),
     Benchmark("torch_training_np2.csv", "hvdplusrun -np 2 python benchmarks/torch_training.py"),
     Benchmark("tensorflow_training_np2.csv", "hvdplusrun -np 2 python benchmarks/tensorflow_training.py"),
     Benchmark("keras_training_torch_np2.csv",

@@ -307,6 +307,16 @@ def startup(results):
                            for row in results.rows])
 
 
+def waiting(results):
+    """Each wait's processor share over a late peer's wait, and how late it notices the peer."""
+    lateness = [column[len("overshoot_us_late_"):] for column in results.rows[0] if column.startswith("overshoot_us_")]
+    return markdown_table(
+        ["wait", f"processor time over a {float(results.rows[0]['late_s']):g} s wait",
+         *(f"returns after a peer {late} late" for late in lateness)],
+        [[row["wait"], f"{100 * float(row['cpu_share']):.1f} %",
+          *(duration(float(row[f"overshoot_us_late_{late}"]) / 1e6) for late in lateness)] for row in results.rows])
+
+
 def ray_recovery(results):
     return markdown_table(["job", "ray.kill to the next step done (median)", "each run"],
                           [[row["way"], duration(float(row["seconds"])), each_run(row)] for row in results.rows])
@@ -471,6 +481,7 @@ TABLES = {
     "elastic": Table(("elastic_np2.csv",), elastic),
     "startup": Table(("startup_np2.csv",), startup),
     "ray_recovery": Table(("ray_recovery_np2.csv",), ray_recovery),
+    "waiting": Table(("waiting_np2.csv",), waiting),
     "spark": Table(("spark_np2.csv",), spark),
     "slurm": Table(("slurm_np3.csv",), slurm, own_machine=True),
     "keras_breakdown": Table(("keras_breakdown_tensorflow_np2.csv", "keras_breakdown_jax_np2.csv",
