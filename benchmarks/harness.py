@@ -34,13 +34,15 @@ __all__ = ["throughput", "interleaved_throughputs", "array_batches", "fit_runner
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPOSITORY, "benchmarks", "results")
 
+# What hvdplusrun itself sets in every rank (where rank errors go), which the command sets again.
+_SET_BY_THE_LAUNCHER = {"HVDPLUS_RANK_ERRORS"}
 # The variables that change what hvdplus does, as the job starts: the command that
 # reproduces a run sets them again. Taken at import, because a benchmark may set some
 # itself while it runs (engine.py turns the response cache off): those belong to the
 # script, not to the command.
 _LAUNCH_ENVIRONMENT = {name: value for name, value in os.environ.items()
                        if (name == "KERAS_BACKEND" or name.startswith(("HVDPLUS_", "HOROVOD_")))
-                       and not name.startswith("HVDPLUS_ELASTIC_")}
+                       and not name.startswith("HVDPLUS_ELASTIC_") and name not in _SET_BY_THE_LAUNCHER}
 # hvdplusrun's elastic mode sets these in the ranks: its flag goes back into the command instead.
 _ELASTIC_MIN_NP = os.environ.get("HVDPLUS_ELASTIC_MIN_NP")
 
