@@ -76,7 +76,7 @@ setup(
     # tests/test_oldest_python.py reads this floor and tests hvdplus on that Python.
     python_requires=">=3.9",
     # cloudpickle: hvdplus.run sends functions of __main__ and closures to the ranks.
-    install_requires=["numpy>=1.21", "mpi4py>=3.1", "cloudpickle>=2.0"],
+    install_requires=["numpy>=1.21", "mpi4py>=3.1", "cloudpickle>=2.0", "cryptography>=41"],
     extras_require=EXTRAS,
     # horovodrun hands over to a real Horovod's launcher where one is installed (runner/horovodrun.py).
     # hvdplus: the pod agent of Kubernetes jobs (runner/hvdplus_command.py).

@@ -3,6 +3,7 @@ launch agent over a real socket on this machine (hvdplus.runner.pod_agent, pod_c
 Indexed Job's hostfile, and the launcher's wait for host names to resolve (name_resolution),
 which the MPI Operator's users meet as its most common failure."""
 
+import base64
 import io
 import os
 import socket
@@ -11,6 +12,8 @@ import sys
 import threading
 import time
 
+import secrets
+
 import pytest
 
 from hvdplus.runner import name_resolution, pod_agent, pod_connect
@@ -18,7 +21,7 @@ from hvdplus.runner.errors import LaunchError
 
 from testkit import timing
 
-KEY = b"0123456789abcdef" * 4
+KEY = secrets.token_hex(32).encode()  # as `openssl rand -hex 32` makes a Secret's key
 
 
 @pytest.fixture
@@ -101,10 +104,27 @@ def test_agent_connect_gives_ssh_s_status_when_no_agent_answers(tmp_path):
     assert "no hvdplus agent answered at 127.0.0.1:1" in result.stderr
 
 
-def test_the_agent_refuses_a_placeholder_key(tmp_path):
+@pytest.mark.parametrize("content, reason", [
+    (b"CHANGE-ME\n", "9 bytes, fewer than 32"),
+    (b"CHANGE-ME" * 8, "is a placeholder"),  # 72 bytes: long enough, and still the manifest's example
+    ((b"CHANGE-ME" * 8)[:64], "is a placeholder"),
+    (b"0123456789abcdef" * 4, "repeats itself"),
+    (b"a" * 64, "repeats itself"),
+])
+def test_the_agent_refuses_a_placeholder_or_low_entropy_key_whatever_its_length(tmp_path, content, reason):
     key_file = tmp_path / "key"
-    key_file.write_text("CHANGE-ME\n")
-    with pytest.raises(SystemExit, match="9 bytes, fewer than 32"):
+    key_file.write_bytes(content)
+    with pytest.raises(SystemExit, match=reason):
+        pod_agent.read_key(str(key_file))
+
+
+def test_the_agent_takes_random_keys_as_openssl_makes_them(tmp_path):
+    key_file = tmp_path / "key"
+    for _ in range(200):
+        key = secrets.token_hex(32).encode()
+        key_file.write_bytes(key + b"\n")
+        assert pod_agent.read_key(str(key_file)) == key
+        key_file.write_bytes(base64.b64encode(secrets.token_bytes(32)))
         pod_agent.read_key(str(key_file))
 
 

@@ -18,7 +18,8 @@ import hmac
 import secrets
 import socket
 import threading
-from typing import Callable
+import time
+from typing import Callable, Optional
 
 __all__ = ["HandshakeRoles", "answer_handshake", "open_handshake", "receive_exactly", "serve_connections",
            "stop_listening"]
@@ -45,12 +46,18 @@ def _proof(key: bytes, role: bytes, nonce: bytes) -> bytes:
     return hmac.new(key, role + nonce, hashlib.sha256).digest()
 
 
-def receive_exactly(connection: socket.socket, count: int) -> bytearray:
-    """`count` bytes from `connection`; ConnectionError when it ends first."""
+def receive_exactly(connection: socket.socket, count: int, deadline: Optional[float] = None) -> bytearray:
+    """`count` bytes from `connection`; ConnectionError when it ends first, TimeoutError when
+    `deadline` (a time.monotonic() value) passes first, however slowly the peer trickles them."""
     data = bytearray(count)
     view = memoryview(data)
     got = 0
     while got < count:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the peer sent {got} of {count} bytes before its deadline")
+            connection.settimeout(left)
         received = connection.recv_into(view[got:], min(count - got, _CHUNK_BYTES))
         if not received:
             raise ConnectionError(f"the connection ended after {got} of {count} bytes")
@@ -58,37 +65,46 @@ def receive_exactly(connection: socket.socket, count: int) -> bytearray:
     return data
 
 
-def answer_handshake(connection: socket.socket, key: bytes, roles: HandshakeRoles) -> bool:
-    """The listening side: whether the peer proved it holds `key` (after proving it to the peer).
+def answer_handshake(connection: socket.socket, key: bytes, roles: HandshakeRoles,
+                     deadline: Optional[float] = None) -> Optional[bytes]:
+    """The listening side: when the peer proved it holds `key` (after proving it to the peer),
+    both nonces (the client's, then the server's), from which the session's keys derive; None
+    when it did not.
 
     Args:
         connection: a connection just accepted, with a timeout set.
         key: the job's key.
         roles: the service's proof tags.
+        deadline: a time.monotonic() value by which the whole handshake ends.
     """
-    their_nonce = receive_exactly(connection, _NONCE_BYTES)
+    their_nonce = receive_exactly(connection, _NONCE_BYTES, deadline)
     our_nonce = secrets.token_bytes(_NONCE_BYTES)
     connection.sendall(our_nonce + _proof(key, roles.server, their_nonce))
-    proof = receive_exactly(connection, hashlib.sha256().digest_size)
-    return hmac.compare_digest(proof, _proof(key, roles.client, our_nonce))
+    proof = receive_exactly(connection, hashlib.sha256().digest_size, deadline)
+    if not hmac.compare_digest(proof, _proof(key, roles.client, our_nonce)):
+        return None
+    return bytes(their_nonce) + our_nonce
 
 
-def open_handshake(connection: socket.socket, key: bytes, roles: HandshakeRoles) -> None:
-    """The connecting side: check the server's proof of `key`, then give ours; ConnectionError
-    when the server does not hold it.
+def open_handshake(connection: socket.socket, key: bytes, roles: HandshakeRoles,
+                   deadline: Optional[float] = None) -> bytes:
+    """The connecting side: check the server's proof of `key`, then give ours; both nonces (ours,
+    then the server's); ConnectionError when the server does not hold the key.
 
     Args:
         connection: a connection just made, with a timeout set.
         key: the job's key.
         roles: the service's proof tags.
+        deadline: a time.monotonic() value by which the whole handshake ends.
     """
     our_nonce = secrets.token_bytes(_NONCE_BYTES)
     connection.sendall(our_nonce)
-    their_nonce = receive_exactly(connection, _NONCE_BYTES)
-    proof = receive_exactly(connection, hashlib.sha256().digest_size)
+    their_nonce = receive_exactly(connection, _NONCE_BYTES, deadline)
+    proof = receive_exactly(connection, hashlib.sha256().digest_size, deadline)
     if not hmac.compare_digest(proof, _proof(key, roles.server, our_nonce)):
         raise ConnectionError("the server there does not hold this job's key")
     connection.sendall(_proof(key, roles.client, their_nonce))
+    return our_nonce + bytes(their_nonce)
 
 
 def serve_connections(listener: socket.socket, handle: Callable[[socket.socket], None], thread_name: str) -> None:

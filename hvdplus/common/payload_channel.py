@@ -31,8 +31,8 @@ import struct
 import threading
 from typing import Callable, Dict, List, Mapping, Optional, TypeVar
 
-from .keyed_handshake import HandshakeRoles, answer_handshake, open_handshake, serve_connections, stop_listening
-from .keyed_handshake import receive_exactly as _receive_exactly
+from .keyed_handshake import HandshakeRoles, serve_connections, stop_listening
+from .secure_channel import SecureSession, accept_session, handshake_deadline, open_session
 
 __all__ = ["JobChannel", "fetch", "post", "has_channel", "local_addresses"]
 
@@ -42,12 +42,14 @@ DIGEST_ENV = "HVDPLUS_RUN_PAYLOAD_SHA256"
 SIZE_ENV = "HVDPLUS_RUN_PAYLOAD_BYTES"
 
 _ROLES = HandshakeRoles(server=b"hvdplus payload server", client=b"hvdplus payload client")
-_SIZE = struct.Struct("!Q")
+_NAME = "the job channel of hvdplus.run"
 _FETCH, _POST, _POSTED = b"F", b"P", b"K"
 _TOKEN_BYTES = 16
-# A peer that has proved nothing within this long is dropped; an address that does not
-# answer within the connect timeout is passed over for the next one.
-_HANDSHAKE_SECONDS = 30.0
+# The most a rank may post: a stated cap, since the launcher cannot know a result's size ahead.
+MAX_POST_BYTES = 64 << 30
+# A peer that has not ended its handshake within this long is dropped, however it trickles; an
+# address that does not answer within the connect timeout is passed over for the next one.
+_HANDSHAKE_SECONDS = 5.0
 _CONNECT_SECONDS = 5.0
 _SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
 T = TypeVar("T")
@@ -122,23 +124,23 @@ class JobChannel:
     def _answer(self, connection: socket.socket) -> None:
         with connection:
             try:
-                connection.settimeout(_HANDSHAKE_SECONDS)
-                if not answer_handshake(connection, self._key, _ROLES):
+                session = accept_session(connection, self._key, _ROLES, _NAME, handshake_deadline(_HANDSHAKE_SECONDS))
+                if session is None:
                     return  # not one of the job's ranks: it gets nothing
-                request = _receive_exactly(connection, 1)
                 connection.settimeout(None)
+                request = session.receive(limit=1 + _TOKEN_BYTES)
                 if request == _FETCH and self._payload is not None:
-                    connection.sendall(_SIZE.pack(len(self._payload)))
-                    connection.sendall(memoryview(self._payload))
-                elif request == _POST:
-                    token = bytes(_receive_exactly(connection, _TOKEN_BYTES))
-                    (size,) = _SIZE.unpack(_receive_exactly(connection, _SIZE.size))
-                    data = _receive_exactly(connection, size)
+                    session.send(self._payload)
+                elif request[:1] == _POST and len(request) == 1 + _TOKEN_BYTES:
+                    # Kept only once every frame authenticated and the rank ended its session.
+                    data = session.receive(limit=MAX_POST_BYTES)
+                    session.expect_end()
                     with self._lock:
-                        self._posted[token] = data
-                    connection.sendall(_POSTED)
+                        self._posted[bytes(request[1:])] = data
+                    session.send(_POSTED)
+                session.finish()
             except OSError:
-                return  # the peer went away; a rank that did reports it itself
+                return  # the peer went away or failed a check; a rank that did reports it itself
 
 
 def has_channel(environ: Mapping[str, str]) -> bool:
@@ -146,21 +148,20 @@ def has_channel(environ: Mapping[str, str]) -> bool:
     return ADDRESSES_ENV in environ
 
 
-def _connected(address: str, key: bytes) -> socket.socket:
-    """A connection to the channel at `address`, each side's proof of the key given."""
+def _connected(address: str, key: bytes) -> SecureSession:
+    """A session with the channel at `address`, each side's proof of the key given."""
     host, port = address.rsplit(":", 1)
     connection = socket.create_connection((host, int(port)), timeout=_CONNECT_SECONDS)
     try:
-        connection.settimeout(_HANDSHAKE_SECONDS)
-        open_handshake(connection, key, _ROLES)
+        session = open_session(connection, key, _ROLES, _NAME, handshake_deadline(_HANDSHAKE_SECONDS))
         connection.settimeout(None)
-        return connection
+        return session
     except BaseException:
         connection.close()
         raise
 
 
-def _exchange(environ: Mapping[str, str], talk: Callable[[socket.socket], T]) -> T:
+def _exchange(environ: Mapping[str, str], talk: Callable[[SecureSession], T]) -> T:
     """`talk` over a connection to the channel that `environ` names, at the first of its
     addresses that answers (the launcher's machine may be this one, or reached on one of its
     networks)."""
@@ -172,7 +173,7 @@ def _exchange(environ: Mapping[str, str], talk: Callable[[socket.socket], T]) ->
         except (OSError, ValueError) as error:
             failures.append(f"{address}: {error}")
             continue
-        with connection:
+        with connection.connection:
             return talk(connection)
     raise ConnectionError(f"no address of the process that started the job answered ({'; '.join(failures)})")
 
@@ -180,10 +181,13 @@ def _exchange(environ: Mapping[str, str], talk: Callable[[socket.socket], T]) ->
 def fetch(environ: Mapping[str, str]) -> bytearray:
     """The payload served to the job, its digest checked."""
 
-    def fetch_payload(connection: socket.socket) -> bytearray:
-        connection.sendall(_FETCH)
-        (size,) = _SIZE.unpack(_receive_exactly(connection, _SIZE.size))
-        return _receive_exactly(connection, size)
+    size = int(environ[SIZE_ENV])
+
+    def fetch_payload(session: SecureSession) -> bytearray:
+        session.send(_FETCH)
+        payload = session.receive(limit=size)
+        session.expect_end()
+        return payload
 
     payload = _exchange(environ, fetch_payload)
     if len(payload) != int(environ[SIZE_ENV]) or hashlib.sha256(payload).hexdigest() != environ[DIGEST_ENV]:
@@ -195,11 +199,16 @@ def post(environ: Mapping[str, str], data: bytes) -> str:
     """Hand `data` to the process that started the job; the token that names it there (`taken`)."""
     token = secrets.token_bytes(_TOKEN_BYTES)
 
-    def post_data(connection: socket.socket) -> None:
-        connection.sendall(_POST + token + _SIZE.pack(len(data)))
-        connection.sendall(memoryview(data))
-        if _receive_exactly(connection, 1) != _POSTED:
+    if len(data) > MAX_POST_BYTES:
+        raise ValueError(f"{len(data)} bytes are more than {_NAME} takes ({MAX_POST_BYTES})")
+
+    def post_data(session: SecureSession) -> None:
+        session.send(_POST + token)
+        session.send(data)
+        session.finish()
+        if session.receive(limit=1) != _POSTED:
             raise ConnectionError("the process that started the job did not take the data")
+        session.expect_end()
 
     _exchange(environ, post_data)
     return token.hex()

@@ -25,11 +25,11 @@ import struct
 import subprocess
 import sys
 import threading
+import zlib
 from typing import List, Optional, Sequence
 
-from ..common.keyed_handshake import (
-    HandshakeRoles, answer_handshake, receive_exactly, serve_connections, stop_listening,
-)
+from ..common.keyed_handshake import HandshakeRoles, serve_connections, stop_listening
+from ..common.secure_channel import SecureSession, accept_session, handshake_deadline
 
 __all__ = ["PORT_ENV", "KEY_FILE_ENV", "DEFAULT_PORT", "ROLES", "read_key", "agent_port", "PodAgent",
            "indexed_job_hostfile", "build_parser", "main"]
@@ -42,21 +42,28 @@ INDEX_ENV = "JOB_COMPLETION_INDEX"  # what Kubernetes gives each pod of an Index
 DEFAULT_PORT = 7075
 ROLES = HandshakeRoles(server=b"hvdplus pod agent", client=b"hvdplus pod launcher")
 MIN_KEY_BYTES = 32
-# The frames an agent sends: a kind, a length, that many bytes.
-FRAME = struct.Struct("!cI")
+# Words that mark a key left as a manifest's example, whatever its length.
+PLACEHOLDER_WORDS = ("changeme", "change-me", "change_me", "placeholder", "example", "replace", "your-key",
+                     "yourkey", "password", "todo", "xxxx")
+# A key that zlib packs into fewer bytes than this repeats itself: far less than 128 random bits
+# (32 random bytes, or 64 hex digits, pack into 40 or more; CHANGE-ME repeated into 20).
+MIN_PACKED_KEY_BYTES = 32
+NAME = "the hvdplus agent's session"
+# The messages an agent sends over its secure session: a kind, then the output or the status.
 OUTPUT, EXIT = b"O", b"X"
 STATUS = struct.Struct("!i")
-COMMAND_LENGTH = struct.Struct("!I")
-# A peer that has proved nothing within this long is dropped.
-HANDSHAKE_SECONDS = 30.0
+# The longest command a launcher may send (mpirun's daemon command lines are a few KiB).
+MAX_COMMAND_BYTES = 1 << 20
+# A peer that has not ended its handshake within this long is dropped, however it trickles.
+HANDSHAKE_SECONDS = 5.0
 _STOP_GRACE_S = 5.0
-_READ_BYTES = 65536
+READ_BYTES = 65536
 
 
 def read_key(path: Optional[str]) -> bytes:
     """The job's key: the bytes of the file at `path` (a Secret's key, or the private key the MPI
     Operator makes for the job), without trailing white space; SystemExit when it is missing or
-    shorter than 32 bytes (a placeholder left in a manifest)."""
+    shorter than 32 bytes, a known placeholder, or too repetitive to hold 128 random bits."""
     if not path:
         raise SystemExit(f"hvdplus agent: no key file: set {KEY_FILE_ENV} to the job's key, mounted from a Secret")
     try:
@@ -67,16 +74,20 @@ def read_key(path: Optional[str]) -> bytes:
     if len(key) < MIN_KEY_BYTES:
         raise SystemExit(f"hvdplus agent: the job's key {path} has {len(key)} bytes, fewer than {MIN_KEY_BYTES}: "
                          "put a random one in its Secret (openssl rand -hex 32)")
+    lowered = key.lower().decode("latin-1")
+    placeholder = next((word for word in PLACEHOLDER_WORDS if word in lowered), None)
+    if placeholder is not None:
+        raise SystemExit(f"hvdplus agent: the job's key {path} is a placeholder (it holds {placeholder!r}): "
+                         "put a random one in its Secret (openssl rand -hex 32)")
+    if len(zlib.compress(key, 9)) < MIN_PACKED_KEY_BYTES:
+        raise SystemExit(f"hvdplus agent: the job's key {path} repeats itself, too little entropy for a key: "
+                         "put a random one in its Secret (openssl rand -hex 32)")
     return key
 
 
 def agent_port(environ=os.environ) -> int:
     """The agents' port: HVDPLUS_AGENT_PORT, else DEFAULT_PORT."""
     return int(environ.get(PORT_ENV) or DEFAULT_PORT)
-
-
-def send_frame(connection: socket.socket, kind: bytes, data: bytes) -> None:
-    connection.sendall(FRAME.pack(kind, len(data)) + data)
 
 
 class PodAgent:
@@ -113,29 +124,31 @@ class PodAgent:
     def _session(self, connection: socket.socket) -> None:
         with connection:
             try:
-                connection.settimeout(HANDSHAKE_SECONDS)
-                if not answer_handshake(connection, self._key, ROLES):
+                session = accept_session(connection, self._key, ROLES, NAME, handshake_deadline(HANDSHAKE_SECONDS))
+                if session is None:
                     return  # not the job's launcher: it gets nothing
-                (length,) = COMMAND_LENGTH.unpack(receive_exactly(connection, COMMAND_LENGTH.size))
-                command = receive_exactly(connection, length).decode()
+                connection.settimeout(HANDSHAKE_SECONDS)
+                command = session.receive(limit=MAX_COMMAND_BYTES).decode()
                 connection.settimeout(None)
             except (OSError, UnicodeDecodeError):
                 return
-            self._run(connection, command)
+            self._run(session, command)
 
-    def _run(self, connection: socket.socket, command: str) -> None:
+    def _run(self, session: SecureSession, command: str) -> None:
         """Run `command`, relaying its output and then its status; end it if the peer leaves."""
         daemon = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, start_new_session=True)
         with self._lock:
             self._daemons.append(daemon)
         # The launcher sends nothing more: the end of its side means it is gone.
+        connection = session.connection
         threading.Thread(target=_end_when_closed, args=(connection, daemon), name="hvdplus-pod-agent-peer",
                          daemon=True).start()
         try:
-            while chunk := daemon.stdout.read1(_READ_BYTES):
-                send_frame(connection, OUTPUT, chunk)
-            send_frame(connection, EXIT, STATUS.pack(_exit_status(daemon.wait())))
+            while chunk := daemon.stdout.read1(READ_BYTES):
+                session.send(OUTPUT + chunk)
+            session.send(EXIT + STATUS.pack(_exit_status(daemon.wait())))
+            session.finish()
         except OSError:
             _end_group(daemon)
         finally:

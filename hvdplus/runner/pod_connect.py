@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from ..common.keyed_handshake import open_handshake, receive_exactly
+from ..common.secure_channel import handshake_deadline, open_session
 from . import pod_agent as agent
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "connect", "run_remote", "main"]
@@ -45,16 +45,21 @@ def connect(host: str, port: int, timeout: float) -> socket.socket:
 def run_remote(connection: socket.socket, key: bytes, command: str, output) -> int:
     """Have the agent at the other end of `connection` run `command`; write its output to
     `output` (a binary file) as it comes; its exit status."""
-    connection.settimeout(agent.HANDSHAKE_SECONDS)
-    open_handshake(connection, key, agent.ROLES)
+    session = open_session(connection, key, agent.ROLES, agent.NAME, handshake_deadline(agent.HANDSHAKE_SECONDS))
     encoded = command.encode()
-    connection.sendall(agent.COMMAND_LENGTH.pack(len(encoded)) + encoded)
+    if len(encoded) > agent.MAX_COMMAND_BYTES:
+        raise ValueError(f"the command has {len(encoded)} bytes, more than an agent takes ({agent.MAX_COMMAND_BYTES})")
+    session.send(encoded)
     connection.settimeout(None)
     while True:
-        kind, length = agent.FRAME.unpack(receive_exactly(connection, agent.FRAME.size))
-        data = receive_exactly(connection, length)
-        if kind == agent.EXIT:
-            return agent.STATUS.unpack(data)[0]
+        message = session.receive(limit=1 + agent.READ_BYTES)
+        kind, data = message[:1], message[1:]
+        if kind == agent.EXIT and len(data) == agent.STATUS.size:
+            status = agent.STATUS.unpack(data)[0]
+            session.expect_end()
+            return status
+        if kind != agent.OUTPUT:
+            raise ConnectionError(f"{agent.NAME}: a message of no known kind")
         output.write(data)
         output.flush()
 
