@@ -244,3 +244,59 @@ def test_a_frame_of_one_session_fails_in_another():
     receive_these(other_server, raw_frames(server, 1))
     with pytest.raises(ChannelError, match="failed its authentication"):
         other_server.receive(limit=100)
+
+
+def resident_bytes():
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_idle_and_trickling_peers_do_not_stop_a_real_fetch():
+    payload = SECRET * 100
+    with payload_channel.JobChannel(payload, local_only=True) as channel:
+        host, port = channel.env[payload_channel.ADDRESSES_ENV].rsplit(":", 1)
+        idle = [socket.create_connection((host, int(port))) for _ in range(200)]
+        trickler = socket.create_connection((host, int(port)))
+        stop = threading.Event()
+
+        def trickle():
+            while not stop.wait(1.0):
+                try:
+                    trickler.send(b"x")
+                except OSError:
+                    return
+
+        threading.Thread(target=trickle, daemon=True).start()
+        started = time.monotonic()
+        try:
+            assert payload_channel.fetch(channel.env) == payload
+            # The fetch does not wait for the idle peers' handshake deadline (5 s) to pass.
+            assert time.monotonic() - started < 4.0
+        finally:
+            stop.set()
+            for connection in idle + [trickler]:
+                connection.close()
+
+
+@pytest.mark.parametrize("with_key", [False, True])
+def test_a_peer_announcing_2_to_the_62_bytes_leaves_the_listeners_memory_flat(with_key):
+    with payload_channel.JobChannel(None, local_only=True) as channel:
+        host, port = channel.env[payload_channel.ADDRESSES_ENV].rsplit(":", 1)
+        before = resident_bytes()
+        for _ in range(20):
+            with socket.create_connection((host, int(port)), timeout=10) as connection:
+                if with_key:
+                    open_session(connection, bytes.fromhex(channel.env[payload_channel.KEY_ENV]),
+                                 payload_channel._ROLES, "test", handshake_deadline(10))
+                    connection.sendall(HEADER.pack(0xFFFFFFFF) + struct.pack("!Q", 1 << 62))
+                else:
+                    connection.sendall(b"P" + bytes(16) + struct.pack("!Q", 1 << 62) + bytes(64))
+                connection.settimeout(10)
+                try:
+                    while connection.recv(1 << 16):
+                        pass  # until the channel drops it
+                except ConnectionResetError:
+                    pass  # dropped with our bytes unread
+        assert resident_bytes() - before < 32 << 20
+        token = payload_channel.post(channel.env, b"still served")
+        assert channel.taken(token) == b"still served"

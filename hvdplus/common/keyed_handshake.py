@@ -12,9 +12,12 @@ key itself never crosses the connection. Used by the channel between `hvdplus.ru
         ...                                            ...
 """
 
+import collections
 import dataclasses
+import errno
 import hashlib
 import hmac
+import logging
 import secrets
 import socket
 import threading
@@ -22,10 +25,14 @@ import time
 from typing import Callable, Optional
 
 __all__ = ["HandshakeRoles", "answer_handshake", "open_handshake", "receive_exactly", "serve_connections",
-           "stop_listening"]
+           "stop_listening", "MAX_PENDING"]
 
 _NONCE_BYTES = 32
 _CHUNK_BYTES = 4 << 20
+# The most connections a listener keeps in their handshake; past it, the oldest is cut.
+MAX_PENDING = 64
+_ACCEPT_RETRY_S = 0.05
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,21 +114,54 @@ def open_handshake(connection: socket.socket, key: bytes, roles: HandshakeRoles,
     return our_nonce + bytes(their_nonce)
 
 
-def serve_connections(listener: socket.socket, handle: Callable[[socket.socket], None], thread_name: str) -> None:
+def serve_connections(listener: socket.socket, handle: Callable[[socket.socket, Callable[[], None]], None],
+                      thread_name: str, max_pending: int = MAX_PENDING) -> None:
     """Hand each connection `listener` accepts to `handle`, in a thread of its own, until
     `stop_listening` closes it.
 
+    A stranger cannot stop the listener: past `max_pending` connections whose handshake has not
+    ended, the oldest is cut (its handshake then fails at once), and an error of accept() other
+    than the listener's own close (too many open files, say) is logged once and the loop goes on.
+
     Args:
         listener: a listening socket.
-        handle: takes one accepted connection (and closes it).
+        handle: takes one accepted connection (and closes it) and a callable it calls once the
+            handshake has ended, either way.
         thread_name: the name of each connection's thread.
+        max_pending: the most connections still in their handshake.
     """
+    pending: "collections.OrderedDict[int, socket.socket]" = collections.OrderedDict()
+    lock = threading.Lock()
+    logged = set()
     while True:
         try:
             connection, _ = listener.accept()
-        except OSError:
-            return  # closed
-        threading.Thread(target=handle, args=(connection,), name=thread_name, daemon=True).start()
+        except OSError as error:
+            if listener.fileno() == -1 or error.errno in (errno.EBADF, errno.EINVAL):
+                return  # closed
+            if error.errno not in logged:
+                logged.add(error.errno)
+                _log.warning("%s: accept() failed, still listening: %s", thread_name, error)
+            time.sleep(_ACCEPT_RETRY_S)
+            continue
+        with lock:
+            pending[id(connection)] = connection
+            while len(pending) > max_pending:
+                _, oldest = pending.popitem(last=False)
+                _cut(oldest)
+
+        def proved(connection=connection) -> None:
+            with lock:
+                pending.pop(id(connection), None)
+
+        threading.Thread(target=handle, args=(connection, proved), name=thread_name, daemon=True).start()
+
+
+def _cut(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def stop_listening(listener: socket.socket) -> None:

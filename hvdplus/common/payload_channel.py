@@ -121,10 +121,14 @@ class JobChannel:
     def _serve(self) -> None:
         serve_connections(self._socket, self._answer, "hvdplus-job-channel-peer")
 
-    def _answer(self, connection: socket.socket) -> None:
+    def _answer(self, connection: socket.socket, proved: Callable[[], None]) -> None:
         with connection:
             try:
-                session = accept_session(connection, self._key, _ROLES, _NAME, handshake_deadline(_HANDSHAKE_SECONDS))
+                try:
+                    session = accept_session(connection, self._key, _ROLES, _NAME,
+                                             handshake_deadline(_HANDSHAKE_SECONDS))
+                finally:
+                    proved()
                 if session is None:
                     return  # not one of the job's ranks: it gets nothing
                 connection.settimeout(None)

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import zlib
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from ..common.keyed_handshake import HandshakeRoles, serve_connections, stop_listening
 from ..common.secure_channel import SecureSession, accept_session, handshake_deadline
@@ -121,10 +121,13 @@ class PodAgent:
         for daemon in daemons:
             _end_group(daemon)
 
-    def _session(self, connection: socket.socket) -> None:
+    def _session(self, connection: socket.socket, proved: Callable[[], None]) -> None:
         with connection:
             try:
-                session = accept_session(connection, self._key, ROLES, NAME, handshake_deadline(HANDSHAKE_SECONDS))
+                try:
+                    session = accept_session(connection, self._key, ROLES, NAME, handshake_deadline(HANDSHAKE_SECONDS))
+                finally:
+                    proved()
                 if session is None:
                     return  # not the job's launcher: it gets nothing
                 connection.settimeout(HANDSHAKE_SECONDS)
