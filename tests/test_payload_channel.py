@@ -92,3 +92,17 @@ def test_the_channel_closes_with_the_job():
         environ = channel.env
     with pytest.raises(ConnectionError, match="no address"):
         payload_channel.fetch(environ)
+
+
+def test_a_channel_for_other_hosts_listens_only_where_they_reach_it_and_names_no_loopback():
+    outward = [address for address in payload_channel.local_addresses() if not address.startswith("127.")]
+    with payload_channel.JobChannel(b"payload", local_only=False, hosts=[socket.gethostname()]) as channel:
+        addresses = channel.env[payload_channel.ADDRESSES_ENV].split(",")
+        port = int(addresses[0].rsplit(":", 1)[1])
+        bound = {listener.getsockname()[0] for listener in channel._sockets}
+        assert "0.0.0.0" not in bound
+        if outward:  # a machine with a network: ranks elsewhere never try loopback, nor is it served
+            assert not any(address.startswith("127.") for address in addresses)
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        assert payload_channel.fetch(channel.env) == b"payload"

@@ -29,12 +29,12 @@ import secrets
 import socket
 import struct
 import threading
-from typing import Callable, Dict, List, Mapping, Optional, TypeVar
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, TypeVar
 
 from .keyed_handshake import HandshakeRoles, serve_connections, stop_listening
 from .secure_channel import SecureSession, accept_session, handshake_deadline, open_session
 
-__all__ = ["JobChannel", "fetch", "post", "has_channel", "local_addresses"]
+__all__ = ["JobChannel", "fetch", "post", "has_channel", "local_addresses", "reaching_addresses", "MAX_POST_BYTES"]
 
 ADDRESSES_ENV = "HVDPLUS_RUN_CHANNEL"
 KEY_ENV = "HVDPLUS_RUN_CHANNEL_KEY"
@@ -53,6 +53,24 @@ _HANDSHAKE_SECONDS = 5.0
 _CONNECT_SECONDS = 5.0
 _SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
 T = TypeVar("T")
+
+
+def reaching_addresses(hosts: Sequence[str]) -> List[str]:
+    """This machine's IPv4 addresses by which it reaches `hosts` (the route's source address to
+    each; none for a host that does not resolve or is this machine's loopback), in the order
+    of the hosts; every non-loopback address of this machine when none is found that way."""
+    found = []
+    for host in hosts:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((socket.gethostbyname(host), 9))  # a route lookup; nothing is sent
+                found.append(probe.getsockname()[0])
+        except OSError:
+            continue
+    found = [address for address in found if not address.startswith("127.")]
+    if not found:
+        found = [address for address in local_addresses() if not address.startswith("127.")]
+    return list(dict.fromkeys(found)) or ["127.0.0.1"]
 
 
 def local_addresses() -> List[str]:
@@ -84,23 +102,29 @@ class JobChannel:
     Args:
         payload: the bytes rank 0 fetches, or None when they reach the ranks otherwise.
         local_only: every rank runs on this machine: listen on the loopback interface only.
+        hosts: the job's hosts, when not local_only: listen on the addresses that reach them.
     """
 
-    def __init__(self, payload: Optional[bytes], local_only: bool):
+    def __init__(self, payload: Optional[bytes], local_only: bool, hosts: Sequence[str] = ()):
         self._payload = payload
         self._key = secrets.token_bytes(32)
         self._posted: Dict[bytes, bytearray] = {}
         self._lock = threading.Lock()
-        self._socket = socket.create_server(("127.0.0.1" if local_only else "0.0.0.0", 0), backlog=64)
-        port = self._socket.getsockname()[1]
-        addresses = ["127.0.0.1"] if local_only else local_addresses()
+        addresses = ["127.0.0.1"] if local_only else reaching_addresses(hosts)
+        self._sockets = [socket.create_server((addresses[0], 0), backlog=64)]
+        port = self._sockets[0].getsockname()[1]
+        for address in addresses[1:]:
+            self._sockets.append(socket.create_server((address, port), backlog=64))
         self.env: Dict[str, str] = {
             ADDRESSES_ENV: ",".join(f"{address}:{port}" for address in addresses), KEY_ENV: self._key.hex(),
         }
         if payload is not None:
             self.env.update({DIGEST_ENV: hashlib.sha256(payload).hexdigest(), SIZE_ENV: str(len(payload))})
-        self._thread = threading.Thread(target=self._serve, name="hvdplus-job-channel", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=serve_connections, args=(listener, self._answer,
+                         "hvdplus-job-channel-peer"), name="hvdplus-job-channel", daemon=True)
+                         for listener in self._sockets]
+        for thread in self._threads:
+            thread.start()
 
     def __enter__(self) -> "JobChannel":
         return self
@@ -110,16 +134,15 @@ class JobChannel:
 
     def close(self) -> None:
         """Stop listening; a transfer under way goes on to its end."""
-        stop_listening(self._socket)
-        self._thread.join(timeout=5)
+        for listener in self._sockets:
+            stop_listening(listener)
+        for thread in self._threads:
+            thread.join(timeout=5)
 
     def taken(self, token: str) -> bytearray:
         """What a rank posted under `token` (KeyError: nothing), given once."""
         with self._lock:
             return self._posted.pop(bytes.fromhex(token))
-
-    def _serve(self) -> None:
-        serve_connections(self._socket, self._answer, "hvdplus-job-channel-peer")
 
     def _answer(self, connection: socket.socket, proved: Callable[[], None]) -> None:
         with connection:

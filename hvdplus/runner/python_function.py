@@ -164,8 +164,10 @@ def run_with_launcher(fn: Callable, args: Sequence, kwargs: Optional[Dict[str, A
     payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
     served = len(payload) > function_payload.ENVIRONMENT_BYTES
     launcher_args = parse_args(argv)
+    hosts = job_hosts(launcher_args)
+    host_names = [host.name for host in hosts]
     try:
-        with JobChannel(payload if served else None, on_this_machine(job_hosts(launcher_args))) as channel, \
+        with JobChannel(payload if served else None, on_this_machine(hosts), host_names) as channel, \
                 stopping_on_signals():
             results = _Results(channel)
             ranks_env = {**(env or {}), **channel.env, **({} if served else function_payload.to_environment(payload))}
