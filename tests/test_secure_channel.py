@@ -3,6 +3,7 @@ against a real relay on loopback that holds no key: a TCP proxy thread that pass
 through and then reads, changes, replays, reorders or cuts frames."""
 
 import io
+import json
 import os
 import secrets
 import socket
@@ -300,3 +301,64 @@ def test_a_peer_announcing_2_to_the_62_bytes_leaves_the_listeners_memory_flat(wi
         assert resident_bytes() - before < 32 << 20
         token = payload_channel.post(channel.env, b"still served")
         assert channel.taken(token) == b"still served"
+
+
+def test_a_fake_spark_board_never_learns_the_key_nor_gets_a_command_run(tmp_path):
+    from hvdplus.spark.elastic import join_board
+
+    key = secrets.token_bytes(32)
+    fake = socket.create_server(("127.0.0.1", 0))
+    heard = bytearray()
+    marker = tmp_path / "ran"
+
+    def pose_as_the_board():
+        connection, _ = fake.accept()
+        with connection:
+            connection.settimeout(10)
+            heard.extend(connection.recv(1 << 16))
+            # Its own nonce and a proof it cannot make, then a command in the old clear protocol.
+            connection.sendall(os.urandom(64) + f'{{"command": "touch {marker}"}}\n'.encode())
+            try:
+                while data := connection.recv(1 << 16):
+                    heard.extend(data)
+            except OSError:
+                pass
+
+    poser = threading.Thread(target=pose_as_the_board, daemon=True)
+    poser.start()
+    with pytest.raises(ConnectionError, match="does not hold this job's key"):
+        join_board(fake.getsockname(), key, "task-0")
+    poser.join(10)
+    fake.close()
+    assert key not in heard and key.hex().encode() not in heard
+    assert len(heard) == 32  # the task's nonce, and nothing after it
+    assert not marker.exists()
+
+
+def test_bad_input_never_stops_the_spark_board():
+    from hvdplus.spark.elastic import _TaskBoard, join_board
+
+    board = _TaskBoard("127.0.0.1")
+    try:
+        for junk in (b"{not json\n", b"x" * (8 << 20), os.urandom(200)):
+            with socket.create_connection(board.address, timeout=10) as connection:
+                try:
+                    connection.sendall(junk)
+                    connection.recv(1 << 16)
+                except OSError:
+                    pass  # dropped, as it should be
+        session = join_board(board.address, board.key, "task-0")
+        deadline = time.monotonic() + 10
+        while board.hosts() != ["task-0"]:
+            assert time.monotonic() < deadline, "the board stopped admitting tasks"
+            time.sleep(0.05)
+        with session.connection:
+            reply = {}
+            ran = threading.Thread(target=lambda: reply.setdefault("status", board.run_daemon("task-0", "true")))
+            ran.start()
+            assert json.loads(session.receive(limit=1 << 20)) == {"command": "true"}
+            session.send(b'{"status": 3}')
+            ran.join(10)
+            assert reply["status"] == 3
+    finally:
+        board.close()

@@ -125,12 +125,10 @@ def test_an_elastic_job_survives_a_lost_task_and_goes_on_with_its_retry(spark, t
 def test_tasks_that_arrive_and_leave_together_are_all_listed_then_all_dropped():
     """The driver's board lists each connected task for the discovery script, whatever the
     order in which many of them come and go at once."""
-    import json
-    import socket
     import subprocess
     import threading
 
-    from hvdplus.spark.elastic import _TaskBoard
+    from hvdplus.spark.elastic import _TaskBoard, join_board
 
     board = _TaskBoard("127.0.0.1")
     hosts = [f"task-{i}" for i in range(24)]
@@ -138,10 +136,8 @@ def test_tasks_that_arrive_and_leave_together_are_all_listed_then_all_dropped():
     connections = []
 
     def connect(host):
-        connection = socket.create_connection(board.address)
         start.wait()
-        connection.sendall((json.dumps({"key": board.key, "host": host}) + "\n").encode())
-        connections.append(connection)
+        connections.append(join_board(board.address, board.key, host).connection)
 
     def listed():
         return sorted(subprocess.run([board.discovery_script], capture_output=True, text=True,

@@ -7,7 +7,8 @@ run inside Spark tasks, which may come and go while it trains.
 driver runs hvdplusrun's elastic launcher; the stage's tasks are ordinary (not barrier) tasks,
 `max_num_proc` of them, so Spark starts those it has slots for, retries a task that fails and
 starts waiting ones when slots free up. Each started task connects to the driver's task board
-(a TCP port of the driver, which only the job's tasks know the key to), names its host, and runs
+(a TCP port of the driver: the task and the board prove the job's key to each other before a
+command is read, and every message after is sealed; see hvdplus.common.secure_channel), names its host, and runs
 the daemons that mpirun asks for on that host, through hvdplus's launch agent. The launcher's
 host discovery reads the connected tasks:
 - a rank's process that dies while its task lives: the job re-forms in place (ULFM);
@@ -29,6 +30,8 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from ..common.keyed_handshake import HandshakeRoles, serve_connections, stop_listening
+from ..common.secure_channel import SecureSession, accept_session, handshake_deadline, open_session
 from ..runner.agent_channel import AgentChannel, DaemonRequest, start_daemon
 from ..runner.python_function import launcher_flags, run_with_launcher
 from .runner import DEFAULT_START_TIMEOUT_S
@@ -40,6 +43,12 @@ _LOST = 255  # an agent's status for a host that is gone, as ssh's for a lost co
 _END_WAIT_S = 30.0
 # How long the job waits for the rest of its first `num_proc` tasks once it has `min_num_proc`.
 _GATHER_S = 5.0
+_ROLES = HandshakeRoles(server=b"hvdplus spark board", client=b"hvdplus spark task")
+_NAME = "the task board of hvdplus.spark.run_elastic"
+# A task that has not ended its handshake within this long is dropped, however it trickles.
+_HANDSHAKE_S = 5.0
+# The longest message either side sends: a host's name and status, or a daemon's command line.
+_MESSAGE_BYTES = 1 << 20
 
 
 def run_elastic(fn: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = None,
@@ -167,7 +176,7 @@ class _TaskBoard:
     connected hosts in a file that the launcher's host discovery reads."""
 
     def __init__(self, bind_host: str):
-        self.key = secrets.token_hex(16)
+        self.key = secrets.token_bytes(32)
         self.spark_error: Optional[BaseException] = None
         self._folder = tempfile.mkdtemp(prefix="hvdplus-spark-board-")
         self._hosts_file = os.path.join(self._folder, "hosts")
@@ -179,9 +188,10 @@ class _TaskBoard:
         self._lock = threading.Lock()
         self._closed = False
         self._write_hosts()
-        self._server = socket.create_server((bind_host, 0))
+        self._server = socket.create_server((bind_host, 0), backlog=64)
         self.address = (bind_host, self._server.getsockname()[1])
-        threading.Thread(target=self._accept, name="hvdplus-spark-board", daemon=True).start()
+        threading.Thread(target=serve_connections, args=(self._server, self._admit, "hvdplus-spark-board-task"),
+                         name="hvdplus-spark-board", daemon=True).start()
 
     def hosts(self) -> List[str]:
         with self._lock:
@@ -196,25 +206,30 @@ class _TaskBoard:
     def close(self) -> None:
         """Tell every task the job has ended, and take no more."""
         self._closed = True
-        self._server.close()
+        stop_listening(self._server)
         with self._lock:
             links, self._tasks = list(self._tasks.values()), {}
         for link in links:
             link.end()
         shutil.rmtree(self._folder, ignore_errors=True)
 
-    def _accept(self) -> None:
-        while not self._closed:
+    def _admit(self, connection: socket.socket, proved: Callable[[], None]) -> None:
+        try:
             try:
-                connection, _ = self._server.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._admit, args=(connection,), daemon=True).start()
-
-    def _admit(self, connection: socket.socket) -> None:
-        link = _TaskLink(connection)
-        hello = link.receive()
-        if not hello or hello.get("key") != self.key or self._closed:
+                session = accept_session(connection, self.key, _ROLES, _NAME, handshake_deadline(_HANDSHAKE_S))
+            finally:
+                proved()
+            if session is None:
+                connection.close()  # not one of the job's tasks: it gets nothing
+                return
+            connection.settimeout(_HANDSHAKE_S)
+            link = _TaskLink(session)
+            hello = link.receive()
+            connection.settimeout(None)
+        except OSError:
+            connection.close()
+            return
+        if not hello or not isinstance(hello.get("host"), str) or self._closed:
             link.end()
             return
         with self._lock:
@@ -244,33 +259,39 @@ class _TaskBoard:
 
 
 class _TaskLink:
-    """One task's connection: JSON lines each way."""
+    """One task's session: sealed JSON messages each way."""
 
-    def __init__(self, connection: socket.socket):
-        self._connection = connection
-        self._reader = connection.makefile("r")
+    def __init__(self, session: SecureSession):
+        self._session = session
+        self._connection = session.connection
         self._running = threading.Lock()
+        self._sending = threading.Lock()
         self._status: Optional[int] = None
         self._gone = threading.Event()
 
     def receive(self) -> Optional[Dict[str, Any]]:
+        """The task's next message; None when it is gone or sent what is no message of the board's."""
         try:
-            line = self._reader.readline()
-        except OSError:
-            line = ""
-        return json.loads(line) if line else None
+            message = json.loads(self._session.receive(limit=_MESSAGE_BYTES))
+        except (OSError, ValueError):
+            return None
+        return message if isinstance(message, dict) else None
+
+    def send(self, message: Dict[str, Any]) -> None:
+        with self._sending:
+            self._session.send(json.dumps(message).encode())
 
     def run(self, command: str) -> int:
         with self._running:
             try:
-                self._connection.sendall((json.dumps({"command": command}) + "\n").encode())
+                self.send({"command": command})
             except OSError:
                 return _LOST
             reply = self.receive()
-            if reply is None:
+            if reply is None or not isinstance(reply.get("status"), int):
                 self._gone.set()
                 return _LOST
-            return int(reply["status"])
+            return reply["status"]
 
     def wait_until_gone(self) -> None:
         """Return once the task has hung up (it died, or the job ended)."""
@@ -291,7 +312,7 @@ class _TaskLink:
 
     def end(self) -> None:
         try:
-            self._connection.sendall(b'{"end": true}\n')
+            self.send({"end": True})
         except OSError:
             pass
         self._gone.set()
@@ -302,7 +323,7 @@ class _ElasticTask:
     """What each task of the stage runs: connect to the driver's board, then run the daemons
     it sends until the job ends."""
 
-    def __init__(self, address, key: str, prefix: str, env: Dict[str, str]):
+    def __init__(self, address, key: bytes, prefix: str, env: Dict[str, str]):
         self.address, self.key, self.prefix, self.env = tuple(address), key, prefix, env
 
     def __call__(self, _partition):
@@ -312,16 +333,30 @@ class _ElasticTask:
         # A new attempt of a failed task is a new host to the launcher.
         host = f"{self.prefix}-{task.partitionId()}-{task.attemptNumber()}"
         try:
-            connection = socket.create_connection(self.address)
+            session = join_board(self.address, self.key, host)
         except OSError:
             yield host  # the job ended before this task started
             return
-        with connection, connection.makefile("r") as reader:
-            connection.sendall((json.dumps({"key": self.key, "host": host}) + "\n").encode())
-            for line in reader:
-                message = json.loads(line)
-                if "command" not in message:
+        with session.connection:
+            while True:
+                # Read only from a board that proved the key: a command is run as it comes.
+                message = json.loads(session.receive(limit=_MESSAGE_BYTES))
+                if not isinstance(message, dict) or not isinstance(message.get("command"), str):
                     break
                 status = start_daemon(message["command"], host, self.env).wait()
-                connection.sendall((json.dumps({"status": status}) + "\n").encode())
+                session.send(json.dumps({"status": status}).encode())
         yield host
+
+
+def join_board(address, key: bytes, host: str) -> SecureSession:
+    """A task's session with the board at `address`, each side's proof of `key` given, its host
+    `host` named; ConnectionError when the board there does not hold the key."""
+    connection = socket.create_connection(tuple(address), timeout=_HANDSHAKE_S)
+    try:
+        session = open_session(connection, key, _ROLES, _NAME, handshake_deadline(_HANDSHAKE_S))
+        connection.settimeout(None)
+        session.send(json.dumps({"host": host}).encode())
+        return session
+    except BaseException:
+        connection.close()
+        raise
