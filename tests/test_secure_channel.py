@@ -362,3 +362,45 @@ def test_bad_input_never_stops_the_spark_board():
             assert reply["status"] == 3
     finally:
         board.close()
+
+
+LISTENER_OUT_OF_FILES = r"""
+import logging, os, resource, socket, sys, threading, time
+from hvdplus.common.keyed_handshake import serve_connections
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+held = []
+
+def handle(connection, proved):
+    proved()
+    held.append(connection)
+    connection.sendall(b"served\n")
+    if len(held) == 1:  # the first one holds its file until the flood has hit the limit
+        time.sleep(1.5)
+    connection.close()
+
+open_files = len(os.listdir("/proc/self/fd")) - 1  # less the listing's own
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_files + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+threading.Thread(target=serve_connections, args=(listener, handle, "test-listener"), daemon=True).start()
+print(listener.getsockname()[1], flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_listener_out_of_files_logs_once_and_goes_on_serving():
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-c", LISTENER_OUT_OF_FILES], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        connections = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(3)]
+        for connection in connections:  # each is served once the first frees its file
+            assert connection.makefile("rb").readline() == b"served\n"
+            connection.close()
+    finally:
+        server.kill()
+        _, errors = server.communicate(timeout=10)
+    assert errors.count("accept() failed, still listening") == 1, errors
+    assert "Too many open files" in errors
