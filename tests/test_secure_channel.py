@@ -23,7 +23,7 @@ KEY = secrets.token_bytes(32)
 SECRET = b"the-secret-in-the-arguments-" + secrets.token_hex(8).encode()
 # The handshake's bytes: the client's nonce, then the server's nonce and proof, then the client's proof.
 HANDSHAKE_TO_SERVER, HANDSHAKE_TO_CLIENT = 32 + 32, 32 + 32
-HEADER = struct.Struct("!I")
+HEADER = struct.Struct("!Ic")  # a frame's sealed length and its kind
 
 
 class Relay:
@@ -127,8 +127,8 @@ def test_a_frame_a_relay_changes_fails_at_once_naming_the_channel(towards):
 def test_a_result_a_relay_changes_is_never_kept():
     with payload_channel.JobChannel(None, local_only=True) as channel:
         host, port = channel.env[payload_channel.ADDRESSES_ENV].rsplit(":", 1)
-        # The request's frame: a header, the kind, P and a 16-byte token, and the tag; then the result's.
-        request_frame = HEADER.size + 1 + 1 + 16 + 16
+        # The request's frame: a header, P and a 16-byte token, and the tag; then the result's.
+        request_frame = HEADER.size + 1 + 16 + 16
         change_the_result = flip_at(request_frame + HEADER.size + 5)
         relay = Relay((host, int(port)), to_server=change_the_result)
         with pytest.raises(ConnectionError):
@@ -182,7 +182,7 @@ def raw_frames(session, count):
     frames = []
     for _ in range(count):
         header = session.connection.recv(HEADER.size, socket.MSG_WAITALL)
-        (length,) = HEADER.unpack(header)
+        length, _ = HEADER.unpack(header)
         frames.append(header + session.connection.recv(length, socket.MSG_WAITALL))
     return frames
 
@@ -226,7 +226,7 @@ def test_replayed_reordered_and_truncated_frames_fail(order, error):
 
 def test_a_frame_announcing_more_than_a_frame_holds_fails_before_allocation():
     _, server = session_pair()
-    receive_these(server, [HEADER.pack(0xFFFFFFFF)])
+    receive_these(server, [HEADER.pack(0xFFFFFFFF, b"L")])
     with pytest.raises(ChannelError, match="announced 4294967295 bytes"):
         server.receive(limit=1 << 40)
 
@@ -289,7 +289,7 @@ def test_a_peer_announcing_2_to_the_62_bytes_leaves_the_listeners_memory_flat(wi
                 if with_key:
                     open_session(connection, bytes.fromhex(channel.env[payload_channel.KEY_ENV]),
                                  payload_channel._ROLES, "test", handshake_deadline(10))
-                    connection.sendall(HEADER.pack(0xFFFFFFFF) + struct.pack("!Q", 1 << 62))
+                    connection.sendall(HEADER.pack(0xFFFFFFFF, b"L") + struct.pack("!Q", 1 << 62))
                 else:
                     connection.sendall(b"P" + bytes(16) + struct.pack("!Q", 1 << 62) + bytes(64))
                 connection.settimeout(10)

@@ -35,10 +35,10 @@ from .keyed_handshake import HandshakeRoles, answer_handshake, open_handshake, r
 __all__ = ["FRAME_BYTES", "ChannelError", "SecureSession", "accept_session", "open_session", "handshake_deadline"]
 
 FRAME_BYTES = 1 << 20
-_HEADER = struct.Struct("!I")
+_HEADER = struct.Struct("!Ic")
 _TAG_BYTES = 16
 _KEY_BYTES = 32
-# The first byte of a frame's plaintext: more of this message follows, its last part, the session's end.
+# A frame's kind, in its header: more of this message follows, its last part, the session's end.
 _MORE, _LAST, _END = b"M", b"L", b"E"
 
 
@@ -77,13 +77,13 @@ class SecureSession:
         while True:
             chunk = view[start:start + FRAME_BYTES]
             start += len(chunk)
-            self._send_frame((_LAST if start >= len(view) else _MORE) + bytes(chunk))
+            self._send_frame(_LAST if start >= len(view) else _MORE, chunk)
             if start >= len(view):
                 return
 
     def finish(self) -> None:
         """Send the end frame: the peer's `expect_end` then knows it was not cut short."""
-        self._send_frame(_END)
+        self._send_frame(_END, b"")
 
     def receive(self, limit: int) -> bytearray:
         """The next message, its every frame checked; ChannelError when a frame fails its check,
@@ -93,7 +93,7 @@ class SecureSession:
             kind, chunk = self._receive_frame()
             if kind == _END:
                 raise ChannelError(f"{self.name}: the peer ended the session where a message was due")
-            if len(message) + len(chunk) > limit:
+            if len(message) + len(chunk) > limit:  # checked before the chunk is added
                 raise ChannelError(f"{self.name}: the peer's message grew past its limit of {limit} bytes")
             message += chunk
             if kind == _LAST:
@@ -108,35 +108,38 @@ class SecureSession:
     def _nonce(self, number: int) -> bytes:
         return number.to_bytes(12, "big")
 
-    def _send_frame(self, plaintext: bytes) -> None:
-        header = _HEADER.pack(len(plaintext) + _TAG_BYTES)
-        sealed = self._sealer.encrypt(self._nonce(self._sent), plaintext, header)
+    def _send_frame(self, kind: bytes, chunk) -> None:
+        # The header (the sealed length and the kind) travels in clear and is authenticated as
+        # the frame's associated data; the sequence number is the nonce.
+        header = _HEADER.pack(len(chunk) + _TAG_BYTES, kind)
+        sealed = self._sealer.encrypt(self._nonce(self._sent), chunk, header)
         self._sent += 1
-        self.connection.sendall(header + sealed)
+        self.connection.sendall(header)
+        self.connection.sendall(sealed)
 
     def _receive_frame(self):
         try:
             header = bytes(receive_exactly(self.connection, _HEADER.size))
         except ConnectionError:
             raise ChannelError(f"{self.name}: the connection was cut before the session's end") from None
-        (length,) = _HEADER.unpack(header)
+        length, kind = _HEADER.unpack(header)
         # Checked before a byte is allocated: a frame is never longer than this.
-        if not _TAG_BYTES < length <= FRAME_BYTES + 1 + _TAG_BYTES:
-            raise ChannelError(f"{self.name}: a frame announced {length} bytes, outside 17..{FRAME_BYTES + 17}")
+        if not _TAG_BYTES <= length <= FRAME_BYTES + _TAG_BYTES:
+            raise ChannelError(f"{self.name}: a frame announced {length} bytes, outside {_TAG_BYTES}.."
+                               f"{FRAME_BYTES + _TAG_BYTES}")
         try:
-            sealed = bytes(receive_exactly(self.connection, length))
+            sealed = receive_exactly(self.connection, length)
         except ConnectionError:
             raise ChannelError(f"{self.name}: the connection was cut inside a frame") from None
         try:
-            plaintext = self._opener.decrypt(self._nonce(self._received), sealed, header)
+            chunk = self._opener.decrypt(self._nonce(self._received), sealed, header)
         except InvalidTag:
             raise ChannelError(f"{self.name}: frame {self._received} failed its authentication: changed, "
                                "replayed, reordered or not from the key's holder") from None
         self._received += 1
-        kind = plaintext[:1]
         if kind not in (_MORE, _LAST, _END):
             raise ChannelError(f"{self.name}: frame {self._received - 1} is of no known kind")
-        return kind, plaintext[1:]
+        return kind, chunk
 
 
 def _keys(key: bytes, nonces: bytes, roles: HandshakeRoles):
