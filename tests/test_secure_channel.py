@@ -303,6 +303,21 @@ def test_a_peer_announcing_2_to_the_62_bytes_leaves_the_listeners_memory_flat(wi
         assert channel.taken(token) == b"still served"
 
 
+def test_a_key_holder_that_goes_quiet_is_dropped(monkeypatch):
+    # After its handshake a peer must send its request: a quiet one is dropped after the
+    # channel's wait for a frame (shortened here), and so cannot hold a thread for the job.
+    monkeypatch.setattr(payload_channel, "_QUIET_PEER_SECONDS", 0.5)
+    with payload_channel.JobChannel(None, local_only=True) as channel:
+        host, port = channel.env[payload_channel.ADDRESSES_ENV].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as connection:
+            open_session(connection, bytes.fromhex(channel.env[payload_channel.KEY_ENV]),
+                         payload_channel._ROLES, "test", handshake_deadline(10))
+            connection.settimeout(10)
+            started = time.monotonic()
+            assert connection.recv(1) == b""  # the channel closed its end
+            assert time.monotonic() - started < 8  # a hang guard: 0.5 s, plus a busy machine's delays
+
+
 def test_a_fake_spark_board_never_learns_the_key_nor_gets_a_command_run(tmp_path):
     from hvdplus.spark.elastic import join_board
 

@@ -50,6 +50,8 @@ MAX_POST_BYTES = 64 << 30
 # A peer that has not ended its handshake within this long is dropped, however it trickles; an
 # address that does not answer within the connect timeout is passed over for the next one.
 _HANDSHAKE_SECONDS = 5.0
+# How long the channel waits for each frame of a proved peer before it drops the connection.
+_QUIET_PEER_SECONDS = 60.0
 _CONNECT_SECONDS = 5.0
 _SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
 T = TypeVar("T")
@@ -154,7 +156,8 @@ class JobChannel:
                     proved()
                 if session is None:
                     return  # not one of the job's ranks: it gets nothing
-                connection.settimeout(None)
+                # A key holder that goes quiet after its handshake gives its thread back.
+                connection.settimeout(_QUIET_PEER_SECONDS)
                 request = session.receive(limit=1 + _TOKEN_BYTES)
                 if request == _FETCH and self._payload is not None:
                     session.send(self._payload)
