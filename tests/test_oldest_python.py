@@ -35,8 +35,10 @@ FRAMEWORK_FREE_TESTS = [
     "tests/test_runtime.py",
     "tests/test_settings.py",
 ]
-# The one case in those files that needs a framework; deselected, so a skip means a new one.
-FRAMEWORK_CASES = ["tests/test_runtime.py::test_horovods_build_queries_answer_before_init[hvdplus.torch]"]
+# The cases in those files that need a framework; deselected, so a skip means a new one.
+FRAMEWORK_CASES = ["tests/test_runtime.py::test_horovods_build_queries_answer_before_init[hvdplus.torch]",
+                   *(f"tests/test_runtime.py::test_gpu_available_answers_false_for_every_framework[hvdplus.{name}]"
+                     for name in ("torch", "tensorflow", "keras"))]
 DEMO = ["examples/numpy_logistic_regression.py"]
 
 
