@@ -13,7 +13,8 @@ from testkit.mpi_jobs import REPO
 
 __all__ = ["MPICH_ENV_PACKAGES", "mpich_python_or_skip_reason", "mpich_job_env"]
 
-MPICH_ENV_PACKAGES = ["mpi4py==4.1.2", "mpich==5.0.2", "numpy", "ml_dtypes", "cloudpickle", "pytest", "pytest-timeout"]
+MPICH_ENV_PACKAGES = ["mpi4py==4.1.2", "mpich==5.0.2", "numpy", "ml_dtypes", "cloudpickle", "cryptography", "pytest",
+                      "pytest-timeout"]
 
 
 def mpich_python_or_skip_reason(folder):
