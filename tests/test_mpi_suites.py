@@ -20,15 +20,14 @@ MPI_SUITES = sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.jo
 
 
 TF_SUITES = [suite for suite in MPI_SUITES if os.path.basename(suite).startswith("test_tf_")]
-# TensorFlow's suites at 3 ranks only (and at 1, below): its bridge does the same at every
-# size, and two of its ranks reach the engine as the core's and torch's suites do at 2.
-SUITE_JOBS = [(suite, nranks) for suite in MPI_SUITES for nranks in (2, 3) if suite not in TF_SUITES]
 # The quick tier (`-m "not slow"`) keeps the framework-free suites that run in seconds, at the
 # odd size: the core's collectives, engine, errors, algorithms, process sets and topology.
 QUICK_SUITES = {f"tests/mpi/test_{name}.py" for name in
                 ("collectives", "engine", "errors", "algorithms", "process_sets", "topology")}
+# TensorFlow's suites at 3 ranks only (and at 1, below): its bridge does the same at every
+# size, and two of its ranks reach the engine as the core's and torch's suites do at 2.
 SUITE_JOBS = [pytest.param(suite, nranks, marks=pytest.mark.quick) if (suite in QUICK_SUITES and nranks == 3)
-              else (suite, nranks) for suite, nranks in SUITE_JOBS]
+              else (suite, nranks) for suite in MPI_SUITES if suite not in TF_SUITES for nranks in (2, 3)]
 
 
 @pytest.mark.timeout(300)

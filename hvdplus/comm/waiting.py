@@ -40,7 +40,6 @@ def wait(request: MPI.Request) -> None:
     wait_until(request.Test)
 
 
-
 def arrive_together(comm: MPI.Comm) -> None:
     """Return once every rank of `comm` has called this; wait without spinning.
 

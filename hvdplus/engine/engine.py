@@ -302,8 +302,9 @@ class Engine:
         late rank, the others notice rank 0's answer up to one sleep of their backoff apart,
         and a collective's MPI waits would spin meanwhile. Only batches with a collective
         in them, which every rank runs anyway, so the meeting can hang no one."""
-        return (self.size > 1 and self._policy.still_for_s() >= _HELD_S
-                and any(not isinstance(batch.kind, Outcome) and batch.error is None for batch in batches))
+        return (self.size > 1
+                and any(not isinstance(batch.kind, Outcome) and batch.error is None for batch in batches)
+                and self._policy.still_for_s() >= _HELD_S)
 
     def _drain_submissions(self) -> list:
         with self._lock:
