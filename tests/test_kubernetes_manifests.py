@@ -1,10 +1,9 @@
 """deploy/kubernetes, checked offline: every built-in kind against Kubernetes' own schemas
-(kubernetes-validate --strict, which ships them), the MPIJob against the v2beta1 schema in
-deploy/kubernetes/schemas, and the kustomization rendered by kubectl's kustomize. No cluster is
-needed; tests/test_kubernetes.py runs the pods these manifests describe, as containers."""
+(kubernetes-validate --strict, which ships them), the MPIJob against the MPI Operator's own CRD
+(tests/data/kubeflow.org_mpijobs.yaml) and name rule, and the kustomization rendered by kubectl's
+kustomize. No cluster is needed; tests/test_kubernetes.py runs the pods these manifests describe, as containers."""
 
 import copy
-import json
 import os
 import shutil
 import subprocess
@@ -14,7 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
-from testkit import kubernetes_pods
+from testkit import kubernetes_pods, mpijob_crd
 
 DEPLOY = kubernetes_pods.DEPLOY
 BUILT_IN_MANIFESTS = ["indexed-job/service.yaml", "indexed-job/secret.yaml", "indexed-job/job.yaml"]
@@ -30,11 +29,6 @@ def strict_validation(path):
 def mpijob():
     with open(os.path.join(DEPLOY, "mpijob.yaml")) as file:
         return yaml.safe_load(file)
-
-
-def mpijob_schema():
-    with open(os.path.join(DEPLOY, "schemas", "mpijob-v2beta1.json")) as file:
-        return json.load(file)
 
 
 def write_documents(path, documents):
@@ -67,10 +61,9 @@ def test_strict_validation_rejects_a_misspelt_field(tmp_path):
     assert result.returncode != 0 and "comand" in result.stdout + result.stderr, result.stdout + result.stderr
 
 
-def test_the_mpijob_matches_the_v2beta1_schema():
-    jsonschema.Draft202012Validator.check_schema(mpijob_schema())
+def test_the_mpijob_passes_the_operators_crd_and_name_rule():
     job = mpijob()
-    jsonschema.validate(job, mpijob_schema(), cls=jsonschema.Draft202012Validator)
+    mpijob_crd.validate_mpijob(job)
     spec = job["spec"]
     assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
     launcher_env = kubernetes_pods.env_values(spec["mpiReplicaSpecs"]["Launcher"]["template"])
@@ -81,17 +74,41 @@ def test_the_mpijob_matches_the_v2beta1_schema():
 
 
 @pytest.mark.parametrize("change, where", [
-    (lambda job: job["spec"]["mpiReplicaSpecs"]["Launcher"].update(replicas=2), "replicas"),
-    (lambda job: job["spec"].update(launcherCreationPolicy="WhenReady"), "WhenReady"),
     (lambda job: job["spec"].update(slotPerWorker=1), "slotPerWorker"),
-    (lambda job: job["spec"]["mpiReplicaSpecs"]["Worker"].update(restartPolicy="Always"), "Always"),
-    (lambda job: job["spec"]["mpiReplicaSpecs"].pop("Launcher"), "Launcher"),
-], ids=["two-launchers", "unknown-policy", "misspelt-field", "restart-always", "no-launcher"])
-def test_the_v2beta1_schema_rejects_what_the_operator_rejects(change, where):
+    (lambda job: job["spec"]["runPolicy"].update(activeDeadline=60), "activeDeadline"),
+    (lambda job: job["spec"].update(mpiImplementation="OpenMPI5"), "OpenMPI5"),
+    (lambda job: job["spec"].update(slotsPerWorker="one"), "one"),
+    (lambda job: job["spec"].pop("mpiReplicaSpecs"), "mpiReplicaSpecs"),
+    (lambda job: job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0].pop("name"),
+     "'name' is a required property"),
+    (lambda job: job.update(apiVersion="kubeflow.org/v1"), "v1"),
+], ids=["misspelt-field", "misspelt-run-policy-field", "unknown-implementation", "slots-not-a-number",
+        "no-replica-specs", "container-without-name", "old-api-version"])
+def test_the_operators_crd_rejects_a_broken_mpijob(change, where):
     job = copy.deepcopy(mpijob())
     change(job)
     with pytest.raises(jsonschema.ValidationError, match=where):
-        jsonschema.validate(job, mpijob_schema(), cls=jsonschema.Draft202012Validator)
+        mpijob_crd.validate_mpijob(job)
+
+
+def test_the_operators_name_rule_counts_the_workers():
+    job = copy.deepcopy(mpijob())
+    # 63 characters in all for `<name>-worker-<replicas - 1>`: the longest name the operator takes.
+    replicas = job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+    longest = "h" * (63 - len(f"-worker-{replicas - 1}"))
+    job["metadata"]["name"] = longest
+    mpijob_crd.validate_mpijob(job)
+    job["metadata"]["name"] = longest + "x"
+    with pytest.raises(mpijob_crd.MpiJobNameError, match=f"{longest}x-worker-{replicas - 1}"):
+        mpijob_crd.validate_mpijob(job)
+    # Ten workers make the last index two digits long: the name that fitted no longer does.
+    job["metadata"]["name"] = longest
+    job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 10 ** len(str(replicas - 1)) + 1
+    with pytest.raises(mpijob_crd.MpiJobNameError, match="DNS-1035"):
+        mpijob_crd.validate_mpijob(job)
+    job["metadata"]["name"] = "Hvdplus-Train"
+    with pytest.raises(mpijob_crd.MpiJobNameError, match="Hvdplus-Train"):
+        mpijob_crd.validate_mpijob(job)
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None,
