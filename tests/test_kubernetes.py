@@ -53,8 +53,9 @@ def start_pods(pods, tmp_path_factory, workspace, shared=None):
     return network
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def indexed_job(kubernetes_image, tmp_path_factory, workspace):
+    # Fresh pods for each test: once pod 0's launcher has succeeded, the other pods' agents end.
     network = start_pods(kubernetes_pods.indexed_job_pods(kubernetes_pods.new_key()), tmp_path_factory, workspace)
     yield network
     network.remove()

@@ -288,7 +288,12 @@ def _announce_launcher_finished(args: argparse.Namespace, key: bytes, port: int)
         print(f"hvdplus agent: without --pods (${PODS_ENV}) and --service (${SERVICE_ENV}) the other pods' agents "
               "are not told that the launcher finished", file=sys.stderr, flush=True)
         return
-    others = indexed_job_hosts(socket.gethostname(), 0, pods, service)[1:]
+    try:
+        others = indexed_job_hosts(socket.gethostname(), 0, pods, service)[1:]
+    except SystemExit as error:  # not an Indexed Job's pod 0: the launcher's success stands
+        print(f"{error}; the other pods' agents are not told that the launcher finished", file=sys.stderr,
+              flush=True)
+        return
     launcher_finished.tell_agents(others, port, key)
 
 
