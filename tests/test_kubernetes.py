@@ -53,8 +53,9 @@ def start_pods(pods, tmp_path_factory, workspace, shared=None):
     return network
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def indexed_job(kubernetes_image, tmp_path_factory, workspace):
+    # Fresh pods for each test: once pod 0's launcher has succeeded, the other pods' agents end.
     network = start_pods(kubernetes_pods.indexed_job_pods(kubernetes_pods.new_key()), tmp_path_factory, workspace)
     yield network
     network.remove()
@@ -91,6 +92,35 @@ def test_the_indexed_job_forms_a_three_rank_job_without_ssh_or_root(indexed_job,
     use_program(workspace, "kubernetes/allreduce_job.py")
     ranks, output = rank_lines(indexed_job.run_launcher())
     assert_allreduce(ranks, output, list(indexed_job.pods))
+
+
+def test_every_pod_of_the_indexed_job_exits_0_once_the_launcher_has_without_success_policy(
+        kubernetes_image, tmp_path_factory, workspace):
+    # successPolicy is alpha in Kubernetes 1.30 and off there: the Job completes only when every
+    # index has, so pod 0 tells the other agents, over the keyed session, that its launcher is done.
+    assert "successPolicy" not in kubernetes_pods.load_manifest("indexed-job/job.yaml")["Job"]["spec"]
+    pods = kubernetes_pods.indexed_job_pods(kubernetes_pods.new_key())
+    network = kubernetes_pods.PodNetwork(pods, str(tmp_path_factory.mktemp("pods")), str(workspace))
+    agents = {}
+    try:
+        # Each agent in the foreground of its `podman exec`, whose status is the agent's.
+        agents = {pod.name: network.start(pod.name, *pod.command) for pod in pods if pod.serves}
+        network.wait_until_ready(AGENT_PORT)
+        use_program(workspace, "kubernetes/allreduce_job.py")
+        result = network.run_launcher()
+        ranks, output = rank_lines(result)
+        assert_allreduce(ranks, output, list(network.pods))
+        assert "could not tell" not in result.stderr, output
+        for name, agent in agents.items():
+            agent_output = agent.communicate(timeout=60)[0]
+            assert agent.returncode == 0, f"{name}: {agent_output[-4000:]}"
+            assert "pod 0's launcher finished" in agent_output, f"{name}: {agent_output[-4000:]}"
+    finally:
+        for agent in agents.values():
+            if agent.poll() is None:
+                agent.kill()
+                agent.communicate()
+        network.remove()
 
 
 def test_the_indexed_job_trains_torch_as_one_process_would(indexed_job, workspace):

@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 from ..common.secure_channel import handshake_deadline, open_session
 from . import pod_agent as agent
+from . import pod_protocol as protocol
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "connect", "run_remote", "main"]
 
@@ -45,21 +46,23 @@ def connect(host: str, port: int, timeout: float) -> socket.socket:
 def run_remote(connection: socket.socket, key: bytes, command: str, output) -> int:
     """Have the agent at the other end of `connection` run `command`; write its output to
     `output` (a binary file) as it comes; its exit status."""
-    session = open_session(connection, key, agent.ROLES, agent.NAME, handshake_deadline(agent.HANDSHAKE_SECONDS))
     encoded = command.encode()
-    if len(encoded) > agent.MAX_COMMAND_BYTES:
-        raise ValueError(f"the command has {len(encoded)} bytes, more than an agent takes ({agent.MAX_COMMAND_BYTES})")
-    session.send(encoded)
+    if len(encoded) > protocol.MAX_COMMAND_BYTES:
+        raise ValueError(f"the command has {len(encoded)} bytes, more than an agent takes "
+                         f"({protocol.MAX_COMMAND_BYTES})")
+    session = open_session(connection, key, protocol.ROLES, protocol.NAME,
+                           handshake_deadline(protocol.HANDSHAKE_SECONDS))
+    session.send(protocol.RUN + encoded)
     connection.settimeout(None)
     while True:
-        message = session.receive(limit=1 + agent.READ_BYTES)
+        message = session.receive(limit=1 + protocol.READ_BYTES)
         kind, data = message[:1], message[1:]
-        if kind == agent.EXIT and len(data) == agent.STATUS.size:
-            status = agent.STATUS.unpack(data)[0]
+        if kind == protocol.EXIT and len(data) == protocol.STATUS.size:
+            status = protocol.STATUS.unpack(data)[0]
             session.expect_end()
             return status
-        if kind != agent.OUTPUT:
-            raise ConnectionError(f"{agent.NAME}: a message of no known kind")
+        if kind != protocol.OUTPUT:
+            raise ConnectionError(f"{protocol.NAME}: a message of no known kind")
         output.write(data)
         output.flush()
 

@@ -116,10 +116,10 @@ def indexed_job_pods(key: bytes, indexes: Optional[Sequence[int]] = None) -> Lis
 
 
 def mpijob_pods(key: bytes, worker_replicas: Optional[int] = None) -> List[PodSpec]:
-    """The launcher and workers of deploy/kubernetes/mpijob.yaml, with what the MPI Operator
+    """The launcher and workers of deploy/kubernetes/mpijob/mpijob.yaml, with what the MPI Operator
     (v2beta1, Open MPI) adds: its variables, the hostfile and discover_hosts.sh in /etc/mpi of
     the launcher, and the job's ssh key Secret (its private key `key`) at sshAuthMountPath."""
-    job = load_manifest("mpijob.yaml")["MPIJob"]
+    job = load_manifest("mpijob/mpijob.yaml")["MPIJob"]
     spec, name = job["spec"], job["metadata"]["name"]
     slots = spec.get("slotsPerWorker", 1)
     workers = worker_replicas or spec["mpiReplicaSpecs"]["Worker"]["replicas"]
