@@ -1,6 +1,6 @@
 """The drop-in for Horovod: `horovodrun` and `import horovod.*` (hvdplus.horovod_alias).
 
-Programs in Horovod's style (tests/horovod_programs/) run under horovodrun on 2 and 3 ranks
+Programs in Horovod's style (tests/horovod_programs/) run under horovodrun, each at 2 or 3 ranks,
 and check themselves against single-process references; the alias is checked in fresh
 interpreters, including that it refuses to shadow a Horovod installed beside it (a
 stand-in package on the path, tests/jobs/installed_horovod)."""
@@ -93,8 +93,10 @@ def test_horovodrun_passes_horovods_stall_and_timeline_flags_on():
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("nranks", [2, 3])
-@pytest.mark.parametrize("program", ["torch", "tensorflow", "tensorflow_session", "keras"])
+# Each program at one size, odd and even both among them: what the programs check is that
+# Horovod's calls reach hvdplus; the arithmetic at every size is the in-rank suites' (test_mpi_suites).
+@pytest.mark.parametrize("program, nranks", [("torch", 3), ("tensorflow", 2), ("tensorflow_session", 3),
+                                             ("keras", 2)])
 def test_horovod_programs_run_under_horovodrun(mpi_job, program, nranks):
     pytest.importorskip("torch" if program == "torch" else "tensorflow")
     run_under_horovodrun(mpi_job, program, nranks, {})
@@ -102,8 +104,7 @@ def test_horovod_programs_run_under_horovodrun(mpi_job, program, nranks):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("nranks", [2, 3])
-@pytest.mark.parametrize("program", ["keras2", "keras2_elastic"])
+@pytest.mark.parametrize("program, nranks", [("keras2", 3), ("keras2_elastic", 2)])
 def test_keras2_programs_run_under_horovodrun_with_tf_keras(mpi_job, program, nranks):
     """Horovod's Keras 2 programs, where TF_USE_LEGACY_KERAS=1 makes tf.keras tf_keras."""
     pytest.importorskip("tf_keras")

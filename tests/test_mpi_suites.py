@@ -20,14 +20,16 @@ MPI_SUITES = sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.jo
 
 
 TF_SUITES = [suite for suite in MPI_SUITES if os.path.basename(suite).startswith("test_tf_")]
+TORCH_SUITES = [suite for suite in MPI_SUITES if os.path.basename(suite).startswith("test_torch_")]
 # The quick tier (`-m "not slow"`) keeps the framework-free suites that run in seconds, at the
 # odd size: the core's collectives, engine, errors, algorithms, process sets and topology.
 QUICK_SUITES = {f"tests/mpi/test_{name}.py" for name in
                 ("collectives", "engine", "errors", "algorithms", "process_sets", "topology")}
-# TensorFlow's suites at 3 ranks only (and at 1, below): its bridge does the same at every
-# size, and two of its ranks reach the engine as the core's and torch's suites do at 2.
+# The framework-free suites a job per file. The frameworks' suites run in a job per size below:
+# each rank pays the framework's import (seconds where three ranks share two cores) once.
 SUITE_JOBS = [pytest.param(suite, nranks, marks=pytest.mark.quick) if (suite in QUICK_SUITES and nranks == 3)
-              else (suite, nranks) for suite in MPI_SUITES if suite not in TF_SUITES for nranks in (2, 3)]
+              else (suite, nranks) for suite in MPI_SUITES if suite not in TF_SUITES + TORCH_SUITES
+              for nranks in (2, 3)]
 
 
 @pytest.mark.timeout(300)
@@ -40,9 +42,22 @@ def test_suite_on_ranks(mpi_job, suite, nranks):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_torch_suites_on_ranks(mpi_job, nranks):
+    # A failure names its file, test and rank.
+    mpi_job.run_pytest_on_ranks(nranks, TORCH_SUITES, timeout=560)
+
+
+# The jobs that run tests/mpi/test_algorithms.py again under other settings take its grid of
+# pairs (see there): the whole grid runs at 2 and 3 ranks.
+PAIRS = {"HVDPLUS_TEST_GRID": "pairs"}
+
+
+# TensorFlow's suites at 3 ranks only (and at 1, below): its bridge does the same at every
+# size, and two of its ranks reach the engine as the core's and torch's suites do at 2.
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_tensorflow_suites_on_three_ranks(mpi_job):
-    # One job for TensorFlow's files: each rank pays TensorFlow's import (many seconds where
-    # three ranks share two cores) once rather than once a file. A failure names its file.
     mpi_job.run_pytest_on_ranks(3, TF_SUITES, timeout=560)
 
 
@@ -51,7 +66,7 @@ def test_tensorflow_suites_on_three_ranks(mpi_job):
 def test_every_suite_on_one_rank(mpi_job):
     # At one rank every collective takes its shortcut; one job for all the files pays the
     # frameworks' imports once.
-    mpi_job.run_pytest_on_ranks(1, MPI_SUITES)
+    mpi_job.run_pytest_on_ranks(1, MPI_SUITES, env=PAIRS)
 
 
 @pytest.mark.timeout(300)
@@ -77,7 +92,7 @@ def test_collectives_with_tiny_fusion_buffer_no_response_cache_and_overlap(mpi_j
     mpi_job.run_pytest_on_ranks(
         4, framework_free,
         env={"HVDPLUS_FUSION_THRESHOLD": "1000", "HVDPLUS_CACHE_CAPACITY": "0", "HVDPLUS_OVERLAP": "on",
-             "HVDPLUS_SINGLE_COPY": "0"},
+             "HVDPLUS_SINGLE_COPY": "0", **PAIRS},
     )
 
 
@@ -103,7 +118,7 @@ def test_engine_and_optimizer_with_overlap_on_two_ranks(mpi_job):
 def test_algorithms_with_simulated_nodes(mpi_job, nranks, ranks_per_node):
     # 0 means no simulation: every rank on this machine's one node.
     mpi_job.run_pytest_on_ranks(
-        nranks, ["tests/mpi/test_algorithms.py"], env={"HVDPLUS_RANKS_PER_NODE": str(ranks_per_node)}
+        nranks, ["tests/mpi/test_algorithms.py"], env={"HVDPLUS_RANKS_PER_NODE": str(ranks_per_node), **PAIRS}
     )
 
 

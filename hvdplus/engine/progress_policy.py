@@ -6,12 +6,10 @@ collectives wait until some rank waits for one, submitting does not wake the thr
 cycle stretches to 50 ms while no caller waits: the data moves when the ranks' cores are free,
 driven by the waiting callers themselves (see Engine.wait_for). While work is in flight but
 nothing moves (a peer is late), the cycle stretches with the time nothing has moved, as a
-`Backoff` does: a late peer is noticed a small fraction of its lateness later, and a long
-wait costs tens of cycles rather than one per millisecond."""
+`Backoff` (common.backoff) does: a late peer is noticed a small fraction of its lateness
+later, and a long wait costs tens of cycles rather than one per millisecond."""
 
 import time
-
-from ..common.backoff import LATE_FRACTION, MAX_SLEEP_S
 
 __all__ = ["ProgressPolicy", "HOUSEKEEPING_S"]
 
@@ -20,6 +18,12 @@ __all__ = ["ProgressPolicy", "HOUSEKEEPING_S"]
 HOUSEKEEPING_S = 1.0
 # Longest cycle while collectives are held and nobody waits (overlap off).
 _MAX_BACKOFF_S = 0.050
+# While nothing moves, the cycle is this fraction of the time nothing has moved, up to the
+# bound. An engine step costs a few times a bare look at an MPI request (common.backoff), so
+# the engine looks half as often as a Backoff does: a half-second wait then costs about fifty
+# steps, under 3 % of a core, and a late peer is noticed at most an eighth of its lateness later.
+_STILL_FRACTION = 1 / 8
+_MAX_STILL_S = 0.020
 
 
 class ProgressPolicy:
@@ -60,7 +64,7 @@ class ProgressPolicy:
             return HOUSEKEEPING_S if self.overlap else _MAX_BACKOFF_S
         if self.overlap or waiters:
             still_s = time.monotonic() - self._still_since
-            return max(self._cycle_s, min(MAX_SLEEP_S, still_s * LATE_FRACTION))
+            return max(self._cycle_s, min(_MAX_STILL_S, still_s * _STILL_FRACTION))
         # Held until someone waits: look less and less often, sending what was submitted.
         sleep, self._backoff_s = self._backoff_s, min(2 * self._backoff_s, _MAX_BACKOFF_S)
         return sleep

@@ -47,6 +47,7 @@ def wait_for_late_peer(wait, barrier, late: bool):
 def check_share(waited: float, cpu: float, what: str) -> None:
     """The waiting rank waited most of LATE_S, on CPU_SHARE_LIMIT of a core at most."""
     assert waited >= 0.8 * LATE_S, f"{what}: waited only {waited:.3f} s for a peer {LATE_S} s late"
+    print(f"{what}: waiting {waited:.3f} s took {100 * cpu / waited:.2f} % of a core")  # in the rank's log
     assert cpu < CPU_SHARE_LIMIT * waited, (
         f"{what}: waiting {waited:.3f} s took {cpu:.3f} s more processor time than with nobody late "
         f"({100 * cpu / waited:.1f} % of a core; limit {100 * CPU_SHARE_LIMIT:.0f} %)")
