@@ -9,6 +9,7 @@ commit interval); the sizes expected; and no process left running. A lost host i
 tests/test_containers.py, which kills containers.
 """
 
+import json
 import os
 import sys
 
@@ -107,7 +108,9 @@ def test_a_job_loses_at_most_the_steps_since_its_last_commit(mpi_job, tmp_path, 
     if at is not None:
         assert sizes[:at] == [before] * at and set(sizes[at:]) == {after}, sizes
     if failures == 0:
-        assert trained["resets"] == []
+        # A rank killed at the end can die while a peer still finishes the last commit's
+        # collective: that peer then re-forms the job, with every step already done.
+        assert trained["resets"] in ([], [before - 1]), trained["resets"]
 
 
 def test_rank_0_dying_in_the_first_sync_after_growing_loses_no_commit(mpi_job, tmp_path, python_for):
@@ -122,3 +125,14 @@ def test_rank_0_dying_in_the_first_sync_after_growing_loses_no_commit(mpi_job, t
     assert "restarting the job on the new slots" in output and "ranks [0] of 3 died" in output, output
     assert set(replay.sizes(trained)) == {2}, replay.sizes(trained)
     assert trained["started"] - len(trained["log"]) <= 1, "the job went back to before its last commit"
+
+
+def test_an_error_while_a_peer_dies_re_forms_the_job_rather_than_end_it(mpi_job, tmp_path):
+    # Open MPI's ULFM once handed a rank zeros for the object of a peer that died during the
+    # collective; the job ended on the unpickling error instead of re-forming.
+    out = tmp_path / "sizes.json"
+    job = os.path.join(os.path.dirname(JOB), "garbled_by_the_dead.py")
+    result = mpi_job(3, [sys.executable, job, str(out)], launcher_args=MODES["in-place"], timeout=120)
+    output = result.stdout[-6000:] + result.stderr[-6000:]
+    assert result.returncode == 0, output
+    assert json.loads(out.read_text()) == [2, 2], output

@@ -8,11 +8,12 @@ rank is left waiting for a message that will never come. The survivors then agre
 is gone and build a smaller communicator with `Shrink`.
 """
 
+import time
 from typing import Iterable, List
 
 from mpi4py import MPI
 
-__all__ = ["is_process_failure", "failed_ranks", "revoke", "shrink", "check_peers"]
+__all__ = ["is_process_failure", "failed_ranks", "revoke", "shrink", "check_peers", "a_peer_died_within"]
 
 _FAILURE_CLASSES = frozenset(
     getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
@@ -68,3 +69,25 @@ def check_peers(comm: "MPI.Comm") -> None:
     Code that waits on shared memory rather than inside MPI calls this now and then: MPI
     hears of failures only while something calls into it."""
     comm.Iprobe(source=MPI.ANY_SOURCE, tag=_NEVER_SENT_TAG)
+
+
+def a_peer_died_within(comm: "MPI.Comm", seconds: float) -> bool:
+    """Whether MPI knows, or learns within `seconds`, that a peer of `comm` died.
+
+    Open MPI's ULFM can complete a collective with a peer that died during it as if it
+    had succeeded, with zeros where that peer's data belonged (seen as an object that
+    would not unpickle). An error raised while a peer is dead is that death, and asking
+    here, on the error's path only, costs nothing otherwise."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            check_peers(comm)
+        except MPI.Exception as exc:
+            if is_process_failure(exc):
+                return True
+            raise
+        if failed_ranks(comm):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)

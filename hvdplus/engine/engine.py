@@ -21,7 +21,7 @@ from typing import Any, List, Optional
 
 from mpi4py import MPI
 
-from ..comm.failures import failed_ranks, is_process_failure
+from ..comm.failures import a_peer_died_within, failed_ranks, is_process_failure
 from ..comm.waiting import arrive_together
 from ..common.backoff import Backoff
 from ..common.errors import HvdplusError, RanksFailedError, ShutdownError, StalledError, error_from_wire
@@ -47,6 +47,9 @@ _CALLER_SPIN_S = 0.005
 # A batch released after nothing moved this long runs after the ranks meet (_held_too_long):
 # by then the waiting ranks sleep between looks for longer than the meeting takes.
 _HELD_S = 0.010
+# After an error that is not a failure, how long MPI has to report a peer that died: a dead
+# process on this host is known within milliseconds, one on another host within a second.
+_DEATH_SHOWS_S = 2.0
 # Looked up per submitted operation: a global name is cheaper than the enum's attribute.
 _JOIN = Collective.JOIN
 
@@ -184,7 +187,7 @@ class Engine:
         try:
             yield
         except BaseException as exc:  # never die silently: the other ranks would wait forever
-            if self.settings.ulfm and is_process_failure(exc):
+            if self.settings.ulfm and (is_process_failure(exc) or self._a_peer_died()):
                 self._lose_peers()
                 return
             traceback.print_exc()
@@ -413,6 +416,13 @@ class Engine:
     def tuned_setting(self) -> Optional[Setting]:
         """On rank 0 of an autotuned job, the setting the tuner chose, once it has; else None."""
         return self._tuning.chosen if self._tuning is not None else None
+
+    def _a_peer_died(self) -> bool:
+        """Whether a peer died around this error, which is then a result of that death."""
+        try:
+            return a_peer_died_within(self.data_comm, _DEATH_SHOWS_S)
+        except MPI.Exception:
+            return False
 
     def _lose_peers(self) -> None:
         """A peer died (or another rank saw one die and revoked the communicators): revoke
