@@ -10,7 +10,6 @@ import re
 
 import pytest
 
-from testkit import late_peer
 from testkit.mpi_jobs import REPO
 from testkit.programs import program
 
@@ -94,7 +93,6 @@ def test_collectives_with_tiny_fusion_buffer_no_response_cache_and_overlap(mpi_j
         4, framework_free,
         env={"HVDPLUS_FUSION_THRESHOLD": "1000", "HVDPLUS_CACHE_CAPACITY": "0", "HVDPLUS_OVERLAP": "on",
              "HVDPLUS_SINGLE_COPY": "0", **PAIRS},
-        pytest_args=late_peer.SHARE_TESTS_LEFT_OUT,
     )
 
 

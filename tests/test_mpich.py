@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from testkit import late_peer, timing
+from testkit import timing
 from testkit.mpi_jobs import REPO
 from testkit.mpich import mpich_job_env
 from testkit.programs import c_program, seconds_since_leaving
@@ -38,8 +38,7 @@ def test_hvdplusrun_finds_mpich_there(mpich_python):
 def test_core_suites_on_mpich(mpi_job, mpich_python, nranks):
     # The algorithms' grid of pairs (tests/mpi/test_algorithms.py): the whole one runs on Open MPI.
     env = dict(mpich_job_env(mpich_python), HVDPLUS_TEST_GRID="pairs")
-    run = mpi_job.run_pytest_on_ranks(nranks, ["tests/mpi"], env=env, python=mpich_python,
-                                      pytest_args=late_peer.SHARE_TESTS_LEFT_OUT)
+    run = mpi_job.run_pytest_on_ranks(nranks, ["tests/mpi"], env=env, python=mpich_python)
     assert run.counts["passed"] > 100 * nranks, run.describe()
     # Whole lines tagged by hvdplusrun from hydra's marked pieces: no marker left over.
     assert "\x1f" not in run.output

@@ -47,6 +47,12 @@ _CALLER_SPIN_S = 0.005
 # A batch released after nothing moved this long runs after the ranks meet (_held_too_long):
 # by then the waiting ranks sleep between looks for longer than the meeting takes.
 _HELD_S = 0.010
+# Once nothing has moved for this long, a look at the engine first asks whether a step would
+# find anything (a submission, a control message, a change of waiters) and takes one only then,
+# or after _FULL_STEP_EVERY_S for the coordinator's stall checks: a full step costs ten times
+# the look, and a rank waiting for a late peer looks a hundred times a second.
+_CHEAP_LOOKS_AFTER_S = 0.002
+_FULL_STEP_EVERY_S = 0.1
 # After an error that is not a failure, how long MPI has to report a peer that died: a dead
 # process on this host is known within milliseconds, one on another host within a second.
 _DEATH_SHOWS_S = 2.0
@@ -89,6 +95,8 @@ class Engine:
         self._callers_driving = 0
         self._waiters = 0
         self._told_waiting = False
+        self._waiting_at_step = False
+        self._last_step_at = 0.0
         self._sleeping_idle = False
         self._progress = threading.Lock()
         self._shutdown_sent = False
@@ -174,7 +182,7 @@ class Engine:
                 # collective, where ranks outnumber cores, slowed it down many times over.
                 if self._progress.acquire(timeout=HOUSEKEEPING_S):
                     try:
-                        self._policy.note_step(self._step())
+                        self._policy.note_step(self._step_unless_nothing_new())
                     finally:
                         self._progress.release()
                 if not self._finished:
@@ -244,7 +252,7 @@ class Engine:
                     # meanwhile rather than take steps of its own beside the caller's.
                     if self._progress.acquire(timeout=max(deadline - time.monotonic(), 0.001)):
                         try:
-                            moved = self._step()
+                            moved = self._step_unless_nothing_new()
                             self._policy.note_step(moved)
                             if moved:  # a peer answered: the next answer comes as quickly
                                 backoff = Backoff()
@@ -258,9 +266,27 @@ class Engine:
         if not handle.done():
             self._wake.set()
 
+    def _step_unless_nothing_new(self) -> bool:
+        """An engine step, unless a cheap look shows it would find nothing (see
+        _CHEAP_LOOKS_AFTER_S); whether anything moved."""
+        if self._nothing_new():
+            return False
+        self._last_step_at = time.monotonic()
+        return self._step()
+
+    def _nothing_new(self) -> bool:
+        if (self._policy.still_for_s() < _CHEAP_LOOKS_AFTER_S
+                or time.monotonic() - self._last_step_at >= _FULL_STEP_EVERY_S):
+            return False
+        with self._lock:
+            if self._queue.has_submitted() or self._stop_requested or bool(self._waiters) != self._waiting_at_step:
+                return False
+        return self.control.nothing_arrived()
+
     def _step(self) -> bool:
         """One round of send, coordinate, receive, execute; whether anything moved (requests
         sent or arrived, batches agreed or run)."""
+        self._waiting_at_step = bool(self._waiters)
         outgoing = self._drain_submissions()
         moved = bool(outgoing)
         if self.coordinator is not None:

@@ -49,6 +49,9 @@ class TensorQueue:
         self._submitted.clear()
         return entries
 
+    def has_submitted(self) -> bool:
+        return bool(self._submitted)
+
     def get(self, name: str) -> Optional[Entry]:
         return self._in_flight.get(name)
 
