@@ -39,6 +39,8 @@ EXTRAS = {
     "dev": [
         "pytest>=7",
         "pytest-timeout>=2.1",
+        # The suite runs on two workers (`-n 2 --dist loadgroup`): tests/conftest.py groups it.
+        "pytest-xdist>=3.5",
         "ml_dtypes>=0.3",
         "scikit-learn>=1.2",
         "tqdm>=4.0",

@@ -20,6 +20,12 @@ from testkit import rank_reports
 from testkit.mpi_jobs import MpiJob, launch
 
 IN_RANK = os.environ.get("HVDPLUS_MPI_TESTS") == "1"
+
+
+def in_xdist_worker(config) -> bool:
+    """Whether this process is a pytest-xdist worker (which sets its environment only after
+    this file is imported)."""
+    return hasattr(config, "workerinput")
 collect_ignore = [] if IN_RANK else ["mpi"]
 
 
@@ -97,7 +103,10 @@ def background_preparations(request, tmp_path_factory):
         from testkit import preparations
 
         needed = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
-        preparations.start_needed(needed, tmp_path_factory)
+        if in_xdist_worker(request.config):
+            preparations.start_needed_on_first_use(needed, tmp_path_factory)
+        else:
+            preparations.start_needed(needed, tmp_path_factory)
 
 
 # The fixtures of the tests that run last, in this order: their images take long to build on a
@@ -106,7 +115,7 @@ RUN_LAST = ("container_image", "kubernetes_image", "slurm_image")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     # `-m "not mpi"` is only right while every test that starts jobs says so.
     unmarked = [item.nodeid for item in items
                 if "mpi_job" in getattr(item, "fixturenames", ()) and item.get_closest_marker("mpi") is None]
@@ -123,6 +132,38 @@ def pytest_collection_modifyitems(items):
         return next((position + 1 for position, name in enumerate(RUN_LAST) if name in names), 0)
 
     items.sort(key=place)  # stable: within each group, the collected order
+    if in_xdist_worker(config):
+        _group_for_workers(items)
+
+
+# Under pytest-xdist (`-n 2 --dist loadgroup`, as the README runs the suite), tests run on two
+# workers at once, each test wherever a worker is free, except:
+# - the tests that need a prepared image or environment (testkit/preparations.py), and the fault
+#   matrix's MPICH cases, which ask for MPICH's python as they run: one group, so that one worker
+#   builds each, and first, as it is the longest chain of the run;
+# - the tests of a file with a module fixture of its own (a Spark session, a Ray cluster, a Slurm
+#   cluster): one group per file, so that each service starts once.
+PREPARED = "prepared"
+
+
+def _group_for_workers(items):
+    from testkit.preparations import PREPARATIONS
+
+    def group(item):
+        names = getattr(item, "fixturenames", ())
+        if any(name in PREPARATIONS for name in names) or "[mpich:" in item.nodeid:
+            return PREPARED
+        path = item.nodeid.split("::")[0]
+        fixtures = getattr(item, "_fixtureinfo", None)
+        for definitions in (fixtures.name2fixturedefs.values() if fixtures else ()):
+            if any(d.scope != "function" and d.baseid == path for d in definitions):
+                return path
+        return None
+
+    for item in items:
+        if (name := group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(name))
+    items.sort(key=lambda item: group(item) != PREPARED)
 
 
 _skipped_in_ci = []

@@ -20,7 +20,7 @@ import threading
 
 from testkit import cluster, kubernetes_pods, mpich, oldest_python, slurm_cluster
 
-__all__ = ["PREPARATIONS", "result", "start_needed"]
+__all__ = ["PREPARATIONS", "result", "start_needed", "start_needed_on_first_use"]
 
 # Each preparation by the name of the fixture that waits for it, in the order they start: the
 # environments first, as their tests come before the containers'; the Kubernetes and Slurm
@@ -35,6 +35,7 @@ PREPARATIONS = {
 
 _lock = threading.Lock()
 _started = {}
+_deferred = []  # (fixture names, folders) to start once a preparation is first asked for
 _queue = queue.SimpleQueue()
 _worker = None
 
@@ -71,6 +72,15 @@ def start_needed(fixture_names, folders):
             _start(name, folders)
 
 
+def start_needed_on_first_use(fixture_names, folders):
+    """Like start_needed, but only once some test asks for a preparation: under pytest-xdist
+    every worker collects every test, and only the one that runs the tests needing them
+    (conftest's "prepared" group) should build."""
+    _deferred.append((fixture_names, folders))
+
+
 def result(name, folders):
     """What preparation `name` gave, once it is done (started now where it was not)."""
+    while _deferred:
+        start_needed(*_deferred.pop())
     return _start(name, folders).result()
