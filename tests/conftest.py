@@ -20,13 +20,13 @@ from testkit import rank_reports
 from testkit.mpi_jobs import MpiJob, launch
 
 IN_RANK = os.environ.get("HVDPLUS_MPI_TESTS") == "1"
+collect_ignore = [] if IN_RANK else ["mpi"]
 
 
 def in_xdist_worker(config) -> bool:
     """Whether this process is a pytest-xdist worker (which sets its environment only after
     this file is imported)."""
     return hasattr(config, "workerinput")
-collect_ignore = [] if IN_RANK else ["mpi"]
 
 
 def pytest_addoption(parser):
@@ -160,10 +160,11 @@ def _group_for_workers(items):
                 return path
         return None
 
+    groups = {item.nodeid: group(item) for item in items}
     for item in items:
-        if (name := group(item)) is not None:
-            item.add_marker(pytest.mark.xdist_group(name))
-    items.sort(key=lambda item: group(item) != PREPARED)
+        if groups[item.nodeid] is not None:
+            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    items.sort(key=lambda item: groups[item.nodeid] != PREPARED)
 
 
 _skipped_in_ci = []
