@@ -76,12 +76,12 @@ def _without_option(args, names):
 
 
 @pytest.fixture(scope="session")
-def mpich_python(tmp_path_factory):
+def mpich_python(run_folder):
     """The python of MPICH's environment (tests/testkit/mpich.py), built once per run, in the
     background from the session's start (tests/testkit/preparations.py)."""
     from testkit import preparations
 
-    python, reason = preparations.result("mpich_python", tmp_path_factory)
+    python, reason = preparations.result("mpich_python", run_folder)
     if python is None:
         pytest.skip(reason)
     return python
@@ -95,23 +95,34 @@ def mpi_job():
     return MpiJob()
 
 
+@pytest.fixture(scope="session")
+def run_folder(request, tmp_path_factory):
+    """The folder of this run that all its pytest-xdist workers share (each worker's base
+    folder is made inside it), or the session's base folder when it has no workers."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if in_xdist_worker(request.config) else base
+
+
 @pytest.fixture(scope="session", autouse=True)
-def background_preparations(request, tmp_path_factory):
+def background_preparations(request, run_folder):
     """Starts the images and environments that the collected tests will need
-    (tests/testkit/preparations.py), as the first test begins."""
+    (tests/testkit/preparations.py), as the first test begins; under pytest-xdist every worker
+    does, and the first to reach each makes it while the other waits."""
     if not IN_RANK:
         from testkit import preparations
 
         needed = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
-        if in_xdist_worker(request.config):
-            preparations.start_needed_on_first_use(needed, tmp_path_factory)
-        else:
-            preparations.start_needed(needed, tmp_path_factory)
+        preparations.start_needed(needed, run_folder)
 
 
 # The fixtures of the tests that run last, in this order: their images take long to build on a
-# fresh machine, and meanwhile (in the background) the other tests run.
-RUN_LAST = ("container_image", "kubernetes_image", "slurm_image")
+# fresh machine, and meanwhile (in the background) the other tests run. Slurm's tests come first
+# of them, as one worker runs them all (they share a cluster) while the other takes the rest.
+RUN_LAST = ("slurm_image", "container_image", "kubernetes_image")
+
+# A test whose fixture waits for a preparation may wait for all of them (they are made one after
+# another), each bounded by the timeouts of its own commands: it gets this long on top of its own.
+PREPARATIONS_WAIT_SECONDS = 1200
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
@@ -132,27 +143,35 @@ def pytest_collection_modifyitems(config, items):
         return next((position + 1 for position, name in enumerate(RUN_LAST) if name in names), 0)
 
     items.sort(key=place)  # stable: within each group, the collected order
+    if not IN_RANK:  # a rank's tests need no preparation, and its environment may lack their tools
+        _allow_for_preparations(items)
     if in_xdist_worker(config):
         _group_for_workers(items)
 
 
-# Under pytest-xdist (`-n 2 --dist loadgroup`, as the README runs the suite), tests run on two
-# workers at once, each test wherever a worker is free, except:
-# - the tests that need a prepared image or environment (testkit/preparations.py), and the fault
-#   matrix's MPICH cases, which ask for MPICH's python as they run: one group, so that one worker
-#   builds each, and first, as it is the longest chain of the run;
-# - the tests of a file with a module fixture of its own (a Spark session, a Ray cluster, a Slurm
-#   cluster): one group per file, so that each service starts once.
-PREPARED = "prepared"
-
-
-def _group_for_workers(items):
+def _allow_for_preparations(items):
     from testkit.preparations import PREPARATIONS
 
+    for item in items:
+        if any(name in PREPARATIONS for name in getattr(item, "fixturenames", ())):
+            marker = item.get_closest_marker("timeout")
+            own = marker.args[0] if marker and marker.args else _session_timeout(item.config)
+            if own:
+                item.add_marker(pytest.mark.timeout(own + PREPARATIONS_WAIT_SECONDS))
+
+
+def _session_timeout(config) -> float:
+    """pytest-timeout's timeout for tests without a marker, as it reads it."""
+    given = config.getoption("timeout", None) or os.environ.get("PYTEST_TIMEOUT") or config.getini("timeout")
+    return float(given or 0)
+
+
+# Under pytest-xdist (`-n 2 --dist loadgroup`, as the README runs the suite), tests run on two
+# workers at once, each test wherever a worker is free, in the order above, except the tests of
+# a file with a module fixture of its own (a Spark session, a Ray cluster, a Slurm cluster): one
+# group per file, so that each service starts once.
+def _group_for_workers(items):
     def group(item):
-        names = getattr(item, "fixturenames", ())
-        if any(name in PREPARATIONS for name in names) or "[mpich:" in item.nodeid:
-            return PREPARED
         path = item.nodeid.split("::")[0]
         fixtures = getattr(item, "_fixtureinfo", None)
         for definitions in (fixtures.name2fixturedefs.values() if fixtures else ()):
@@ -160,11 +179,10 @@ def _group_for_workers(items):
                 return path
         return None
 
-    groups = {item.nodeid: group(item) for item in items}
     for item in items:
-        if groups[item.nodeid] is not None:
-            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    items.sort(key=lambda item: groups[item.nodeid] != PREPARED)
+        name = group(item)
+        if name is not None:
+            item.add_marker(pytest.mark.xdist_group(name))
 
 
 _skipped_in_ci = []

@@ -21,10 +21,10 @@ if REASON:
 
 
 @pytest.fixture(scope="module")
-def container_image(tmp_path_factory):
+def container_image(run_folder):
     """The image every container runs: the Dockerfile's, with torch's CPU build (built in the
     background from the session's start: testkit/preparations.py)."""
-    preparations.result("container_image", tmp_path_factory)
+    preparations.result("container_image", run_folder)
     return cluster.IMAGE
 
 

@@ -24,9 +24,9 @@ AGENT_PORT = 7075
 
 
 @pytest.fixture(scope="module")
-def kubernetes_image(tmp_path_factory):
+def kubernetes_image(run_folder):
     """Built in the background from the session's start (testkit/preparations.py)."""
-    preparations.result("kubernetes_image", tmp_path_factory)
+    preparations.result("kubernetes_image", run_folder)
 
 
 @pytest.fixture(scope="module")

@@ -43,10 +43,10 @@ DEMO = ["examples/numpy_logistic_regression.py"]
 
 
 @pytest.fixture(scope="session")
-def oldest_venv(tmp_path_factory):
+def oldest_venv(run_folder):
     """The bin directory of a venv of the oldest supported Python with hvdplus installed editable,
     built in the background from the session's start (testkit/preparations.py)."""
-    bin_dir, reason = preparations.result("oldest_venv", tmp_path_factory)
+    bin_dir, reason = preparations.result("oldest_venv", run_folder)
     if bin_dir is None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{reason}; CI tests hvdplus on it", pytrace=False)

@@ -14,6 +14,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.
 from elastic_jobs import replay  # noqa: E402
 from hvdplus.ray import RayExecutor  # noqa: E402 (after the check for ray)
 from testkit import timing  # noqa: E402
+from testkit.local_ray import local_ray as local_ray_session  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
 
@@ -22,9 +23,8 @@ ELASTIC_JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with local_ray_session():
+        yield
 
 
 @pytest.fixture

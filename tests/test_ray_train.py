@@ -26,6 +26,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # noqa: 
 from hvdplus.ray import HvdplusConfig  # noqa: E402
 from hvdplus.ray.placeholder import DONE_FILE, ENVIRONMENT_FILE, OWNER_ENV, PROXY_DIR_ENV  # noqa: E402
 from testkit import timing  # noqa: E402
+from testkit.local_ray import local_ray as local_ray_session  # noqa: E402
 
 pytestmark = [pytest.mark.mpi]
 
@@ -46,9 +47,8 @@ MOMENTUM = 0.9
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with local_ray_session():
+        yield
 
 
 def trainer(train_loop, storage, name, config=None, max_failures=0):

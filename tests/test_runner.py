@@ -369,20 +369,23 @@ def test_supervisor_kills_a_child_that_ignores_sigterm(tmp_path):
     # The child, like mpirun, puts a grandchild in a process group of its own; both
     # ignore SIGTERM, so only the SIGKILL after `kill_after` ends them.
     pid_file = tmp_path / "grandchild"
-    signalled = []
+    signalled, returned = [], threading.Event()
 
     def send_sigterm_once_started():
         deadline = time.monotonic() + 20
         while not pid_file.exists() or not pid_file.read_text():
-            if time.monotonic() > deadline:
-                return
+            if time.monotonic() > deadline or returned.is_set():
+                return  # a SIGTERM after the test would end pytest (or its xdist worker)
             time.sleep(0.05)
         signalled.append(time.monotonic())
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=send_sigterm_once_started, daemon=True).start()
-    with pytest.raises(Stopped) as stopped:
-        run_supervised(program("ignore_sigterm_with_grandchild", pid_file))
+    try:
+        with pytest.raises(Stopped) as stopped:
+            run_supervised(program("ignore_sigterm_with_grandchild", pid_file))
+    finally:
+        returned.set()
     assert stopped.value.exit_status == 128 + signal.SIGTERM
     timing.assert_took_under(time.monotonic() - signalled[0], STOP_SECONDS, quiet=3.2,
                              what="a supervised job stopping on SIGTERM")

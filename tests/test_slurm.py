@@ -24,9 +24,9 @@ SHARED = slurm_cluster.SHARED
 
 
 @pytest.fixture(scope="module")
-def slurm_image(tmp_path_factory):
+def slurm_image(run_folder):
     """Built in the background from the session's start (testkit/preparations.py)."""
-    preparations.result("slurm_image", tmp_path_factory)
+    preparations.result("slurm_image", run_folder)
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,9 @@ def main():
     os.close(log)
     import pytest
 
-    sys.exit(pytest.main(["--rank-report-dir", folder, *pytest_args]))
+    # A rank stuck inside an MPI call never returns to Python, so its timeout is a thread's
+    # (which ends the rank), not the signal the one-process suite uses.
+    sys.exit(pytest.main(["--rank-report-dir", folder, "-o", "timeout_method=thread", *pytest_args]))
 
 
 if __name__ == "__main__":
