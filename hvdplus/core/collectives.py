@@ -110,6 +110,30 @@ def _weighted_average_async(array, name, op, weight, prescale_factor, postscale_
     return _submit(_ALLREDUCE, name, process_set, buffer, ReduceOp.SUM, 1.0, 1.0, None).then(finish)
 
 
+def _weighted_grouped_average_async(arrays, name, op, weight, prescale_factor, postscale_factor, outputs,
+                                    process_set):
+    """A weighted average of each of `arrays` in one fused Sum all-reduce: every array's buffer
+    carries the ranks' weights (a few numbers each), so each finishes as a lone one does."""
+    runtime = runtime_of(process_set, "grouped_allreduce()")
+    arrays = list(arrays)
+    outputs = list(outputs) if outputs is not None else [None] * len(arrays)
+    group = runtime.name_for("grouped_allreduce", name)
+    rank, size = runtime.topology.rank, runtime.topology.size
+    try:
+        if as_reduce_op(op) != ReduceOp.AVERAGE:
+            raise ValueError(f"grouped_allreduce {group!r}: weight= applies to op=Average only, got "
+                             f"op={as_reduce_op(op).label}")
+        buffers = [weighted_buffer(array, weight, f"{group}.{index}", rank, size)
+                   for index, array in enumerate(arrays)]
+    except (TypeError, ValueError) as exc:  # submitted under the group's name, so that every rank raises it
+        return input_error_async("allreduce", group, exc, process_set)
+    scale = float(prescale_factor) * float(postscale_factor)
+    finishes = [weighted_result(array.shape, array.dtype, f"{group}.{index}", size, scale, output)
+                for index, (array, output) in enumerate(zip(arrays, outputs))]
+    handle = _grouped_allreduce(buffers, group, ReduceOp.SUM, 1.0, 1.0, None, process_set)
+    return handle.then(lambda summed: [finish(buffer) for finish, buffer in zip(finishes, summed)])
+
+
 def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
                     output=None, process_set=None, weight=None):
     """Start an elementwise reduction of `array` over all ranks; returns a handle.
@@ -132,9 +156,13 @@ def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, 
 
 
 def grouped_allreduce_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
-                            outputs=None, process_set=None):
+                            outputs=None, process_set=None, weight=None):
     """Start all-reduces of `arrays` that run together, fused; the handle's result is a list.
-    `outputs`, when given, holds one output array (as in allreduce_async) per array."""
+    `outputs`, when given, holds one output array (as in allreduce_async) per array.
+    `weight` makes each a weighted average, as in allreduce_async."""
+    if weight is not None:
+        return _weighted_grouped_average_async(arrays, name, op, weight, prescale_factor, postscale_factor,
+                                               outputs, process_set)
     return _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outputs, process_set)
 
 
