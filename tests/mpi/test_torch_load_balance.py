@@ -112,7 +112,7 @@ def assert_same_weights(model, reference):
 
 
 @pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
-@pytest.mark.parametrize("groups", [None, 2], ids=["automatic-groups", "two-groups"])
+@pytest.mark.parametrize("groups", [None, 0, 2], ids=["automatic-groups", "per-tensor", "two-groups"])
 def test_uneven_batches_train_like_one_process_on_their_union(optimizer_name, groups, rank, size):
     sizes = counts(size)
     start = sum(sizes[:rank])
