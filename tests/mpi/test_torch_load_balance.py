@@ -1,6 +1,7 @@
 """Weighted averages in the torch adapter on real ranks: `allreduce(weight=)` against numpy, and
 DistributedOptimizer over uneven local batches (by `set_local_samples` or a LoadBalancer)
-against one process training plain torch on the union of the batches."""
+against one process training plain torch on the union of the batches, and BalancedSampler's
+batches covering every sample once per epoch while the balancer moves the sizes."""
 
 import numpy as np
 import pytest
@@ -201,3 +202,56 @@ def test_weighting_with_another_op_is_refused(rank, size):
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum)
     with pytest.raises(ValueError, match="needs op=Average"):
         optimizer.set_local_samples(4)
+
+
+# -- BalancedSampler ------------------------------------------------------------------------
+@pytest.mark.parametrize("drop_last", [False, True], ids=["keep-last", "drop-last"])
+def test_a_balanced_sampler_covers_every_sample_once_per_epoch_while_the_sizes_move(drop_last, rank, size):
+    length, global_batch = 203, 24  # 8 full global batches and 11 samples left
+    balancer = hvd.LoadBalancer(global_batch, smoothing=1.0, hysteresis=0.0)
+    sampler = hvd.BalancedSampler(length, balancer, seed=5, drop_last=drop_last)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(length)), batch_sampler=sampler)
+    steps = 8 if drop_last else 9
+    assert len(sampler) == len(loader) == steps
+    orders = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        mine, sizes_seen = [], []
+        for step, (x,) in enumerate(loader):
+            sizes_seen.append(balancer.sizes())
+            if (step + 1) * global_batch <= length:  # a full global batch: this rank's size now
+                assert len(x) == balancer.local_batch_size(), (step, sizes_seen[-1])
+            mine.append(x.tolist())
+            # The last rank turns 3x slower from the epoch's fourth step: the sizes move mid-epoch,
+            # and back to even at the next epoch's start.
+            slow = 3.0 if rank == size - 1 and size > 1 and step >= 3 else 1.0
+            balancer.record(len(x), len(x) * 0.001 * slow)
+            balancer.rebalance()
+        everyones = hvd.allgather_object(mine)
+        assert [len(batches) for batches in everyones] == [steps] * size
+        taken = sorted(index for batches in everyones for batch in batches for index in batch)
+        covered = steps * global_batch if drop_last else length
+        assert len(taken) == covered and len(set(taken)) == covered and set(taken) <= set(range(length))
+        if not drop_last:
+            assert taken == list(range(length))
+        # Each step's shares, in rank order, are one contiguous piece of the epoch's order.
+        orders.append([index for step in range(steps) for batches in everyones for index in batches[step]])
+        if size > 1:
+            assert len({tuple(sizes) for sizes in sizes_seen}) > 1, sizes_seen
+            assert sizes_seen[-1][-1] < global_batch / size - 2, sizes_seen
+    assert orders[0] != orders[1]  # each epoch its own shuffle
+
+
+def test_a_balanced_sampler_follows_set_epoch_and_seed_alike_on_every_rank(rank, size):
+    balancer = hvd.LoadBalancer(12)
+    first = hvd.BalancedSampler(range(40), balancer, seed=3)
+    again = hvd.BalancedSampler(40, balancer, seed=3)
+    assert list(first) == list(again)
+    again.set_epoch(1)
+    assert list(first) != list(again)
+    in_order = hvd.BalancedSampler(40, balancer, shuffle=False)
+    start = balancer.offset()
+    assert list(in_order)[0] == list(range(start, start + balancer.local_batch_size()))
+    # Every rank draws the same permutation: the first global batch's shares, gathered, hold no repeat.
+    gathered = hvd.allgather_object(list(first)[0])
+    assert len({index for share in gathered for index in share}) == sum(map(len, gathered)) == 12
