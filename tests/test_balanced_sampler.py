@@ -24,7 +24,7 @@ def every_ranks_batches(length, sequence, drop_last=False, shuffle=True, seed=0,
     order = epoch_order(length, shuffle, seed, epoch)
     ranks = len(sequence[0])
     return [[order[start:stop].tolist() for start, stop in epoch_shares(length, sizes_in_turn(sequence), rank,
-                                                                          drop_last)]
+                                                                          ranks, drop_last)]
             for rank in range(ranks)]
 
 
@@ -123,7 +123,14 @@ def test_the_order_is_the_same_for_a_seed_and_epoch_and_differs_between_epochs()
     np.testing.assert_array_equal(epoch_order(5, False, 7, 3), np.arange(5))
 
 
-@pytest.mark.parametrize("sizes, rank", [([3, 4], 2), ([3, -1], 0), ([0, 0], 1), ([], 0)])
-def test_sizes_that_cannot_be_shared_name_the_rank_and_the_sizes(sizes, rank):
-    with pytest.raises(ValueError, match=f"rank {rank} cannot take a share .* local sizes {re.escape(str(sizes))}"):
-        list(epoch_shares(10, lambda: sizes, rank))
+@pytest.mark.parametrize("sizes, rank, ranks", [
+    ([3, 4], 2, 2),       # a rank past the sizes
+    ([3, -1], 0, 2),      # a negative size
+    ([0, 0], 1, 2),       # nothing to share
+    ([], 0, 1),
+    ([3, 4, 5], 0, 2),    # sizes for three ranks in a job of two: a balancer not reset after a resize
+])
+def test_sizes_that_cannot_be_shared_name_the_rank_and_the_sizes(sizes, rank, ranks):
+    with pytest.raises(ValueError, match=f"rank {rank} of {ranks} cannot take a share .* local sizes "
+                                         f"{re.escape(str(sizes))}.*reset the balancer"):
+        list(epoch_shares(10, lambda: sizes, rank, ranks))

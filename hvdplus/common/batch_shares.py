@@ -58,7 +58,7 @@ def partial_batch_sizes(sizes: Sequence[int], count: int) -> List[int]:
     return result
 
 
-def epoch_shares(length: int, current_sizes: Callable[[], Sequence[int]], rank: int,
+def epoch_shares(length: int, current_sizes: Callable[[], Sequence[int]], rank: int, ranks: int,
                  drop_last: bool = False) -> Iterator[Tuple[int, int]]:
     """This rank's share of each global batch of an epoch of `length` samples, as (start,
     stop) positions in the epoch's order.
@@ -73,15 +73,17 @@ def epoch_shares(length: int, current_sizes: Callable[[], Sequence[int]], rank: 
         current_sizes: returns every rank's local batch size, in rank order, the same list on
             every rank at the same batch.
         rank: this rank's position in those sizes.
+        ranks: how many ranks share the batches; sizes of another length raise (a balancer
+            not reset after the job changed size).
         drop_last: leave out a last global batch that is not full.
     """
     start = 0
     while start < length:
         sizes = [int(size) for size in current_sizes()]
-        if not 0 <= rank < len(sizes) or min(sizes) < 0 or sum(sizes) <= 0:
-            raise ValueError(f"rank {rank} cannot take a share of a global batch with local sizes {sizes}: "
-                             "needs sizes of 0 or more, one per rank, with a positive total (after the ranks "
-                             "changed, reset the balancer)")
+        if len(sizes) != ranks or not 0 <= rank < ranks or min(sizes) < 0 or sum(sizes) <= 0:
+            raise ValueError(f"rank {rank} of {ranks} cannot take a share of a global batch with local sizes "
+                             f"{sizes}: needs sizes of 0 or more, one per rank, with a positive total (after "
+                             "the ranks changed, reset the balancer)")
         count = min(sum(sizes), length - start)
         if count < sum(sizes):
             if drop_last:

@@ -62,8 +62,9 @@ class BalancedSampler(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[List[int]]:
         order = epoch_order(self.length, self.shuffle, self.seed, self.epoch)
-        rank = self.balancer.process_set.rank()
-        for start, stop in epoch_shares(self.length, self.balancer.sizes, rank, self.drop_last):
+        process_set = self.balancer.process_set
+        for start, stop in epoch_shares(self.length, self.balancer.sizes, process_set.rank(), process_set.size(),
+                                        self.drop_last):
             yield order[start:stop].tolist()
 
     def __len__(self) -> int:
