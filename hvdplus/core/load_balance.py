@@ -45,13 +45,18 @@ class LoadBalancer:
             than this fraction (a warning on the "hvdplus.load_balance" logger).
         report_interval_s: the least time between two such log lines.
         process_set: the ranks that balance among themselves (the whole job by default).
+        warmup_steps: the measurements left out after the start and each reset: a first step
+            carries one-time costs (allocations, the first collectives, autotuning) many times
+            a step's, which would hold the sizes back for many steps.
     """
 
-    def __init__(self, global_batch_size: int, min_batch_size: int = 1, smoothing: float = 0.3,
+    def __init__(self, global_batch_size: int, min_batch_size: int = 1, smoothing: float = 0.5,
                  hysteresis: float = 0.1, report_threshold: float = 0.2, report_interval_s: float = 60.0,
-                 process_set=global_process_set):
+                 process_set=global_process_set, warmup_steps: int = 1):
         if not 0 < smoothing <= 1:
             raise ValueError(f"LoadBalancer: smoothing must be in (0, 1], got {smoothing}")
+        if warmup_steps < 0:
+            raise ValueError(f"LoadBalancer: warmup_steps must be 0 or more, got {warmup_steps}")
         if hysteresis < 0 or report_threshold < 0:
             raise ValueError(f"LoadBalancer: hysteresis ({hysteresis}) and report_threshold ({report_threshold}) "
                              "must be 0 or more")
@@ -62,6 +67,7 @@ class LoadBalancer:
         self.report_threshold = float(report_threshold)
         self.report_interval_s = float(report_interval_s)
         self.process_set = process_set
+        self.warmup_steps = int(warmup_steps)
         self._last_report: Optional[float] = None
         self.reset()
 
@@ -71,6 +77,7 @@ class LoadBalancer:
         self._size = self.process_set.size()
         self._rank = self.process_set.rank()
         self._seconds_per_sample: Optional[float] = None
+        self._warmup_left = self.warmup_steps
         self._speeds: Optional[List[float]] = None
         self._sizes = balanced_sizes([1.0] * self._size, self.global_batch_size, self.min_batch_size)
 
@@ -86,6 +93,9 @@ class LoadBalancer:
             raise ValueError(f"LoadBalancer.record: needs samples >= 0 and finite compute_seconds >= 0, got "
                              f"{samples} samples in {compute_seconds} s")
         if samples == 0 or compute_seconds == 0:
+            return
+        if self._warmup_left > 0:
+            self._warmup_left -= 1
             return
         latest = compute_seconds / samples
         previous = self._seconds_per_sample

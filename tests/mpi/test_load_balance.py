@@ -39,7 +39,7 @@ def slow_last(rank, size, slowdown=2.0):
 
 
 def test_sizes_start_even_and_every_rank_agrees_on_them(rank, size):
-    balancer = hvd.LoadBalancer(GLOBAL_BATCH)
+    balancer = hvd.LoadBalancer(GLOBAL_BATCH, warmup_steps=0)
     assert sum(balancer.sizes()) == GLOBAL_BATCH and max(balancer.sizes()) - min(balancer.sizes()) <= 1
     # Speeds that differ on every rank, in a ratio no float rounds evenly.
     feed(balancer, 0.001 * (1 + rank / 7), 3)
@@ -54,7 +54,7 @@ def test_sizes_start_even_and_every_rank_agrees_on_them(rank, size):
 
 
 def test_a_rank_half_as_fast_gets_half_the_share_of_the_others(rank, size):
-    balancer = hvd.LoadBalancer(GLOBAL_BATCH)
+    balancer = hvd.LoadBalancer(GLOBAL_BATCH, warmup_steps=0)
     feed(balancer, slow_last(rank, size), 1)
     # Shares of speeds 1, ..., 1, 0.5: at 2 ranks 80 and 40 (a third), at 3 ranks 48, 48, 24.
     expected = {1: [120], 2: [80, 40], 3: [48, 48, 24], 4: [35, 34, 34, 17]}[size]
@@ -64,7 +64,7 @@ def test_a_rank_half_as_fast_gets_half_the_share_of_the_others(rank, size):
 def test_it_adapts_when_a_rank_slows_down_and_when_it_recovers(rank, size):
     if size < 2:
         pytest.skip("a slowdown of one rank against the others needs two ranks")
-    balancer = hvd.LoadBalancer(GLOBAL_BATCH, smoothing=0.3, hysteresis=0.1)
+    balancer = hvd.LoadBalancer(GLOBAL_BATCH, smoothing=0.3, hysteresis=0.1, warmup_steps=0)
     even = balancer.sizes()
     assert feed(balancer, 0.001, 3)[-1] == even
     slow_share = GLOBAL_BATCH * 0.5 / (size - 0.5)
@@ -78,7 +78,7 @@ def test_it_adapts_when_a_rank_slows_down_and_when_it_recovers(rank, size):
 
 
 def test_sizes_stay_until_every_rank_has_measured(rank, size):
-    balancer = hvd.LoadBalancer(GLOBAL_BATCH)
+    balancer = hvd.LoadBalancer(GLOBAL_BATCH, warmup_steps=0)
     even = balancer.sizes()
     if rank == 0:
         balancer.record(10, 0.5)
@@ -89,8 +89,23 @@ def test_sizes_stay_until_every_rank_has_measured(rank, size):
         assert balancer.speeds() == [20.0]
 
 
-def test_the_slices_of_a_global_batch_cover_it_once_in_rank_order(rank, size):
+def test_the_first_step_after_the_start_and_each_reset_is_left_out(rank, size):
+    # By default one step warms up: its one-time costs (here 50 times a step's, on one rank
+    # only) would otherwise hold the sizes back for many steps.
     balancer = hvd.LoadBalancer(GLOBAL_BATCH)
+    even = balancer.sizes()
+    for _ in range(2):
+        balancer.record(balancer.local_batch_size(), 50.0 if rank == 0 else 1.0)
+        assert balancer.rebalance() == even and balancer.speeds() is None
+        feed(balancer, 0.001, 1)  # every rank alike from here on
+        assert balancer.rebalance() == even and balancer.speeds() == pytest.approx([1000.0] * size)
+        balancer.reset()
+    with pytest.raises(ValueError, match="warmup_steps must be 0 or more, got -1"):
+        hvd.LoadBalancer(GLOBAL_BATCH, warmup_steps=-1)
+
+
+def test_the_slices_of_a_global_batch_cover_it_once_in_rank_order(rank, size):
+    balancer = hvd.LoadBalancer(GLOBAL_BATCH, warmup_steps=0)
     feed(balancer, 0.001 * (1 + rank), 1)
     indices = np.random.default_rng(0).permutation(1000)[:GLOBAL_BATCH]  # the same on every rank
     mine = balancer.slice(indices)
@@ -101,16 +116,16 @@ def test_the_slices_of_a_global_batch_cover_it_once_in_rank_order(rank, size):
 
 
 def test_reset_forgets_the_measurements_and_splits_evenly(rank, size):
-    balancer = hvd.LoadBalancer(GLOBAL_BATCH, min_batch_size=3)
+    balancer = hvd.LoadBalancer(GLOBAL_BATCH, min_batch_size=3, warmup_steps=0)
     feed(balancer, slow_last(rank, size, slowdown=5.0), 2)
     balancer.reset()
     assert balancer.speeds() is None
-    assert balancer.sizes() == hvd.LoadBalancer(GLOBAL_BATCH).sizes()
+    assert balancer.sizes() == hvd.LoadBalancer(GLOBAL_BATCH, warmup_steps=0).sizes()
     assert max(balancer.sizes()) - min(balancer.sizes()) <= 1
 
 
 def test_the_minimum_holds_for_a_very_slow_rank(rank, size):
-    balancer = hvd.LoadBalancer(GLOBAL_BATCH, min_batch_size=10)
+    balancer = hvd.LoadBalancer(GLOBAL_BATCH, min_batch_size=10, warmup_steps=0)
     feed(balancer, slow_last(rank, size, slowdown=1000.0), 1)
     if size > 1:
         assert balancer.sizes()[-1] == 10
@@ -120,11 +135,11 @@ def test_the_minimum_holds_for_a_very_slow_rank(rank, size):
 def test_a_global_batch_too_small_raises_on_every_rank(size):
     with pytest.raises(ValueError, match=f"global batch of {size} samples cannot give each of {size} ranks "
                                          "at least 2"):
-        hvd.LoadBalancer(size, min_batch_size=2)
+        hvd.LoadBalancer(size, min_batch_size=2, warmup_steps=0)
 
 
 def test_rank_zero_reports_departing_ranks_at_most_once_a_minute(rank, size, caplog):
-    balancer = hvd.LoadBalancer(GLOBAL_BATCH, report_threshold=0.2)
+    balancer = hvd.LoadBalancer(GLOBAL_BATCH, report_threshold=0.2, warmup_steps=0)
     with caplog.at_level(logging.WARNING, logger="hvdplus.load_balance"):
         feed(balancer, slow_last(rank, size), 3)
     lines = [record.getMessage() for record in caplog.records if record.name == "hvdplus.load_balance"]
@@ -140,7 +155,7 @@ def test_rank_zero_reports_departing_ranks_at_most_once_a_minute(rank, size, cap
 @pytest.mark.skipif(hvd.size() < 2, reason="process sets other than the job's need two ranks")
 def test_a_balancer_on_a_process_set_balances_its_own_ranks(rank, size, even_and_odd_sets):
     mine, _ = even_and_odd_sets
-    balancer = hvd.LoadBalancer(60, process_set=mine)
+    balancer = hvd.LoadBalancer(60, process_set=mine, warmup_steps=0)
     feed(balancer, 0.001 * (2.0 if mine.rank() == mine.size() - 1 and mine.size() > 1 else 1.0), 1)
     expected = {1: [60], 2: [40, 20]}[mine.size()]
     assert balancer.sizes() == expected

@@ -140,7 +140,7 @@ def test_uneven_batches_train_like_one_process_on_their_union(optimizer_name, mo
 
 def test_a_load_balancers_sizes_weigh_the_gradients_as_they_change(rank, size):
     global_batch = 60
-    balancer = hvd.LoadBalancer(global_batch, smoothing=1.0, hysteresis=0.0)
+    balancer = hvd.LoadBalancer(global_batch, smoothing=1.0, hysteresis=0.0, warmup_steps=0)
     variables = model_variables()
     optimizer = Momentum(variables)
     batches = global_batches(global_batch)
