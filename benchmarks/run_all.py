@@ -64,6 +64,8 @@ BENCHMARKS = (
               "KERAS_BACKEND=torch hvdplusrun -np 2 python benchmarks/keras_breakdown.py"),
     Benchmark("elastic_np2.csv", "hvdplusrun -np 2 --min-np 2 python benchmarks/elastic.py --lost-host"),
     Benchmark("pipeline_np2.csv", "hvdplusrun -np 2 python benchmarks/pipeline.py"),
+    Benchmark("balance_np2.csv", "hvdplusrun -np 2 python benchmarks/balance.py"),
+    Benchmark("balance_np4.csv", "hvdplusrun -np 4 python benchmarks/balance.py"),
     Benchmark("autotune_np2.csv", "HOROVOD_AUTOTUNE=1 hvdplusrun -np 2 python benchmarks/autotune.py"),
     Benchmark("multihost_np4.csv", "python benchmarks/multihost.py"),
     Benchmark("startup_np2.csv", "python benchmarks/startup.py"),

@@ -317,6 +317,40 @@ def waiting(results):
           *(duration(float(row[f"overshoot_us_late_{late}"]) / 1e6) for late in lateness)] for row in results.rows])
 
 
+def balance(*sources):
+    """The load balancer against equal batches with one rank slowed, per job size."""
+    def cell(results, measure, render):
+        rows = results.where(measure=measure)
+        return render(rows[0]) if rows else ""
+
+    def percent(value):
+        return f"{100 * float(value):.1f} %"
+
+    lines = [
+        ("samples/s: equal batches, balanced, ideal (the ranks' speeds summed)",
+         "throughput", lambda row: " / ".join(rate(float(row[column])) for column in
+                                              ("equal_samples_s", "balanced_samples_s", "ideal_samples_s")), ""),
+        ("throughput, balanced over equal batches", "throughput",
+         lambda row: times(float(row["balanced_over_equal"])), "at least 1.3x"),
+        ("throughput, balanced over the ideal", "throughput",
+         lambda row: fraction(float(row["balanced_over_ideal"])), "at least 0.9"),
+        ("local batch sizes, balanced", "throughput", lambda row: row["sizes"], ""),
+        ("steps to adapt once the rank turns slow (its size before, after)", "adapt",
+         lambda row: f"{row['steps_to_adapt']} ({row['size_before']}, {float(row['size_settled']):g})", "at most 10"),
+        ("digits test accuracy: equal batches, balanced", "digits",
+         lambda row: f"{percent(row['accuracy_equal'])} / {percent(row['accuracy_balanced'])}", "within 0.5 points"),
+        ("pipeline step: layers per stage by count, by time", "pipeline",
+         lambda row: f"{duration(float(row['step_s_by_count']))} ({row['stage_layers_by_count']}), "
+                     f"{duration(float(row['step_s_by_time']))} ({row['stage_layers_by_time']})", ""),
+        ("pipeline, split by time over split by count", "pipeline",
+         lambda row: times(float(row["time_over_count_speedup"])), "at least 1.3x"),
+    ]
+    header = ["with the last rank slowed " + times(float(sources[0].rows[0]["slowdown"])),
+              *(f"{results.rows[0]['ranks']} ranks" for results in sources), "goal"]
+    return markdown_table(header, [[label, *(cell(results, measure, render) for results in sources), goal]
+                                   for label, measure, render, goal in lines])
+
+
 def ray_recovery(results):
     return markdown_table(["job", "ray.kill to the next step done (median)", "each run"],
                           [[row["way"], duration(float(row["seconds"])), each_run(row)] for row in results.rows])
@@ -482,6 +516,7 @@ TABLES = {
     "startup": Table(("startup_np2.csv",), startup),
     "ray_recovery": Table(("ray_recovery_np2.csv",), ray_recovery),
     "waiting": Table(("waiting_np2.csv",), waiting),
+    "balance": Table(("balance_np2.csv", "balance_np4.csv"), balance),
     "spark": Table(("spark_np2.csv",), spark),
     "slurm": Table(("slurm_np3.csv",), slurm, own_machine=True),
     "keras_breakdown": Table(("keras_breakdown_tensorflow_np2.csv", "keras_breakdown_jax_np2.csv",

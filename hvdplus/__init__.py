@@ -25,6 +25,8 @@ mpi_environment.prepare()
 _COLLECTIVES = "hvdplus.core.collectives"
 # Starting a job from Python: the launcher's, which never initializes MPI in this process.
 _LAUNCHER = {name: "hvdplus.runner.python_function" for name in ("run", "RanksRaisedError")}
+# Other core classes that stand on the collectives, loaded on first use for the same reason.
+_CORE_CLASSES = {"LoadBalancer": "hvdplus.core.load_balance"}
 
 
 def _collective_names():
@@ -33,12 +35,12 @@ def _collective_names():
 
 def __getattr__(name):
     if name == "__all__":  # built on first use, from the collectives' own list
-        return ["__version__", *_BASICS, *_collective_names(), *sorted(_LAUNCHER)]
+        return ["__version__", *_BASICS, *_collective_names(), *sorted(_CORE_CLASSES), *sorted(_LAUNCHER)]
     if name.startswith("__"):  # probes such as __wrapped__ must not load the collectives, nor start MPI
         raise AttributeError(f"module 'hvdplus' has no attribute {name!r}")
     if name == "elastic":  # a package of its own, loaded on first use like the collectives
         return importlib.import_module("hvdplus.elastic")
-    module = _LAUNCHER.get(name)
+    module = _LAUNCHER.get(name) or _CORE_CLASSES.get(name)
     if module is None and name in _collective_names():
         module = _COLLECTIVES
     if module is None:
@@ -49,4 +51,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_collective_names()) | set(_LAUNCHER) | {"elastic"})
+    return sorted(set(globals()) | set(_collective_names()) | set(_CORE_CLASSES) | set(_LAUNCHER) | {"elastic"})

@@ -10,6 +10,7 @@ becomes that rank's error on every rank. The job goes on with later operations.
 from typing import Optional
 
 from ..common.reduce_ops import ReduceOp, as_reduce_op
+from ..common.weighted_average import weighted_buffer, weighted_result
 from ..engine.agreement import input_error
 from ..engine.handles import Handle, HandleGroup
 from ..engine.kinds import spec_of
@@ -93,24 +94,75 @@ def _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outp
     return runtime.engine.submit(request, payload, finish)
 
 
+def _weighted_average_async(array, name, op, weight, prescale_factor, postscale_factor, output, process_set):
+    """A weighted average (see hvdplus/common/weighted_average.py): one Sum all-reduce of the
+    weighted array and the ranks' weights, divided on every rank by the weights' total."""
+    runtime = runtime_of(process_set, "allreduce()")
+    name = runtime.name_for(_ALLREDUCE, name)
+    try:
+        if as_reduce_op(op) != ReduceOp.AVERAGE:
+            raise ValueError(f"allreduce {name!r}: weight= applies to op=Average only, got op={as_reduce_op(op).label}")
+        buffer = weighted_buffer(array, weight, name, runtime.topology.rank, runtime.topology.size)
+    except (TypeError, ValueError) as exc:  # submitted, so that every rank raises it
+        return runtime.engine.submit(input_error(_ALLREDUCE, name, exc), None)
+    finish = weighted_result(array.shape, array.dtype, name, runtime.topology.size,
+                             float(prescale_factor) * float(postscale_factor), output)
+    return _submit(_ALLREDUCE, name, process_set, buffer, ReduceOp.SUM, 1.0, 1.0, None).then(finish)
+
+
+def _weighted_grouped_average_async(arrays, name, op, weight, prescale_factor, postscale_factor, outputs,
+                                    process_set):
+    """A weighted average of each of `arrays` in one fused Sum all-reduce: every array's buffer
+    carries the ranks' weights (a few numbers each), so each finishes as a lone one does."""
+    runtime = runtime_of(process_set, "grouped_allreduce()")
+    arrays = list(arrays)
+    outputs = list(outputs) if outputs is not None else [None] * len(arrays)
+    group = runtime.name_for("grouped_allreduce", name)
+    rank, size = runtime.topology.rank, runtime.topology.size
+    try:
+        if as_reduce_op(op) != ReduceOp.AVERAGE:
+            raise ValueError(f"grouped_allreduce {group!r}: weight= applies to op=Average only, got "
+                             f"op={as_reduce_op(op).label}")
+        buffers = [weighted_buffer(array, weight, f"{group}.{index}", rank, size)
+                   for index, array in enumerate(arrays)]
+    except (TypeError, ValueError) as exc:  # submitted under the group's name, so that every rank raises it
+        return input_error_async("allreduce", group, exc, process_set)
+    scale = float(prescale_factor) * float(postscale_factor)
+    finishes = [weighted_result(array.shape, array.dtype, f"{group}.{index}", size, scale, output)
+                for index, (array, output) in enumerate(zip(arrays, outputs))]
+    handle = _grouped_allreduce(buffers, group, ReduceOp.SUM, 1.0, 1.0, None, process_set)
+    return handle.then(lambda summed: [finish(buffer) for finish, buffer in zip(finishes, summed)])
+
+
 def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
-                    output=None, process_set=None):
+                    output=None, process_set=None, weight=None):
     """Start an elementwise reduction of `array` over all ranks; returns a handle.
 
     Average divides the sum by size(); half types are reduced in float32. With `output`
     (a C-contiguous, writeable array of the same shape and dtype, possibly `array` itself)
     the result is written there, and the handle's result is `output`. Adasum (floating
     dtypes, a power-of-two number of ranks) combines the ranks' arrays as Horovod does.
+
+    With `weight` (op Average only; a number of 0 or more, such as this rank's sample count)
+    the result is the weighted average sum_i(w_i x_i) / sum_i(w_i) of a floating `array`, in
+    one all-reduce; weights that sum to zero raise ValueError on every rank.
     """
+    if weight is not None:
+        return _weighted_average_async(array, name, op, weight, prescale_factor, postscale_factor, output,
+                                       process_set)
     if _is_adasum(op):
         return _submit(ADASUM, name, process_set, array, prescale_factor, postscale_factor, output)
     return _submit(_ALLREDUCE, name, process_set, array, op, prescale_factor, postscale_factor, output)
 
 
 def grouped_allreduce_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
-                            outputs=None, process_set=None):
+                            outputs=None, process_set=None, weight=None):
     """Start all-reduces of `arrays` that run together, fused; the handle's result is a list.
-    `outputs`, when given, holds one output array (as in allreduce_async) per array."""
+    `outputs`, when given, holds one output array (as in allreduce_async) per array.
+    `weight` makes each a weighted average, as in allreduce_async."""
+    if weight is not None:
+        return _weighted_grouped_average_async(arrays, name, op, weight, prescale_factor, postscale_factor,
+                                               outputs, process_set)
     return _grouped_allreduce(arrays, name, op, prescale_factor, postscale_factor, outputs, process_set)
 
 
@@ -158,9 +210,12 @@ def synchronize(handle):
 
 
 def allreduce(array, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None,
-              process_set=None):
-    """Elementwise reduction of `array` over all ranks (of `process_set`); every rank gets the result."""
-    return allreduce_async(array, name, op, prescale_factor, postscale_factor, None, process_set).wait()
+              process_set=None, weight=None):
+    """Elementwise reduction of `array` over all ranks (of `process_set`); every rank gets the result.
+
+    `weight` (with op Average) makes it the weighted average sum_i(w_i x_i) / sum_i(w_i):
+    give each rank's sample count to average gradients of uneven batches exactly."""
+    return allreduce_async(array, name, op, prescale_factor, postscale_factor, None, process_set, weight).wait()
 
 
 def grouped_allreduce(arrays, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0, name=None,

@@ -15,6 +15,7 @@ from ..core import runtime as _runtime
 from ..core.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
 from ..core.basics import Average
 from ..core.basics import __all__ as _BASICS
+from ..core.load_balance import LoadBalancer
 from . import callbacks, elastic
 from .compression import Compression
 from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcast_object, reducescatter
@@ -22,7 +23,7 @@ from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, distri
 
 __all__ = [
     *_BASICS,
-    "callbacks", "elastic", "Compression", "allgather", "allgather_object", "allreduce", "broadcast",
+    "callbacks", "elastic", "LoadBalancer", "Compression", "allgather", "allgather_object", "allreduce", "broadcast",
     "broadcast_object", "reducescatter", "DistributedOptimizer", "PartialDistributedOptimizer",
     "broadcast_global_variables", "verbose", "load_model",
 ]

@@ -31,12 +31,17 @@ def _to_numpy(value):
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
-              compression=Compression.none, process_set=global_process_set):
+              compression=Compression.none, process_set=global_process_set, weight=None):
     """All-reduce a backend tensor (eager), Average unless `op` (or the deprecated
-    `average`) says otherwise; returns a backend tensor. Horovod's argument order."""
+    `average`) says otherwise; returns a backend tensor. Horovod's argument order.
+
+    `weight` (op Average only; this rank's sample count, say) makes it the weighted average
+    sum_i(w_i x_i) / sum_i(w_i), as hvdplus.allreduce's."""
     wire, ctx = compression.compress(keras.ops.convert_to_tensor(value))
+    if weight is not None and not isinstance(weight, (int, float)):
+        weight = _to_numpy(weight)
     result = collectives.allreduce(_to_numpy(wire), reduce_op_from(average, op), prescale_factor,
-                                   postscale_factor, name=name, process_set=process_set)
+                                   postscale_factor, name=name, process_set=process_set, weight=weight)
     return compression.decompress(keras.ops.convert_to_tensor(result), ctx)
 
 

@@ -9,6 +9,7 @@ in tf.compat.v1 graphs run by a Session.
 
 from ..core.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
 from ..core.basics import __all__ as _BASICS
+from ..core.load_balance import LoadBalancer
 from . import elastic
 from .compression import Compression
 from .cross_device_ops import CrossDeviceOps
@@ -26,7 +27,8 @@ from .sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
     *_BASICS, *_MPI_OPS,
-    "elastic", "Compression", "CrossDeviceOps", "BroadcastGlobalVariablesHook", "allgather_object", "broadcast_",
+    "elastic", "LoadBalancer",
+    "Compression", "CrossDeviceOps", "BroadcastGlobalVariablesHook", "allgather_object", "broadcast_",
     "broadcast_global_variables", "broadcast_object", "broadcast_variables", "DistributedGradientTape",
     "PartialDistributedGradientTape", "local_rank_op", "local_size_op", "process_set_included_op", "rank_op",
     "size_op", "DistributedOptimizer", "recv", "send", "SyncBatchNormalization",

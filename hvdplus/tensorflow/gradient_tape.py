@@ -12,6 +12,11 @@ the first step the engine's response cache knows it; in a tf.function the op is 
 when traced. Gradients that are None (variables the loss does not use) stay None and are
 not sent: every rank must have the same ones.
 
+With a local sample count (`local_samples=n`, or `load_balancer=` whose local batch size it
+reads when `gradient()` runs), the average is weighted: sum_i(n_i g_i) / sum_i(n_i), the
+gradient of the mean loss over the union of the ranks' uneven batches when each rank's loss
+is the mean over its own n_i samples.
+
 With `process_set=`, gradients are averaged over the ranks of that set alone (several
 disjoint sets can each train a replica group of their own); as in Horovod, a rank outside
 the set gets its own gradients back, not reduced.
@@ -44,10 +49,14 @@ class _DistributedGradientTape:
     """Mixed in before the wrapped tape's class, so the result is still that kind of tape."""
 
     def _hvdplus_setup(self, compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
-                       scale_local_gradients=True):
+                       scale_local_gradients=True, local_samples=None, load_balancer=None):
         op = as_reduce_op(op)
         if op not in (Average, Sum):
             raise ValueError(f"DistributedGradientTape takes op Average or Sum, got {op.label}")
+        if (local_samples is not None or load_balancer is not None) and op != Average:
+            raise ValueError("DistributedGradientTape: weighting gradients by local sample counts (local_samples=, "
+                             f"load_balancer=) needs op=Average, got op={op.label}")
+        self._local_samples, self._load_balancer = local_samples, load_balancer
         # Outside the set there is nothing to reduce with (Horovod's tape leaves such a rank's
         # gradients as they are); inside it, Average and the predivide factor use its size.
         self._process_set = process_set
@@ -87,11 +96,23 @@ class _DistributedGradientTape:
         grads = densified(grads, self._sparse_as_dense, tf.IndexedSlices, tf.convert_to_tensor)
         op, prescale, postscale = self._reduction
         name = "DistributedGradientTape" if tf.executing_eagerly() else None
+        weight = self._weight()
+        if weight is not None:  # weighted sums run in float32 or wider: no predivide is needed
+            op, prescale, postscale = Average, 1.0, 1.0
         reduced = grouped_allreduce(grads, compression=self._compression, op=op, prescale_factor=prescale,
-                                    postscale_factor=postscale, name=name, process_set=self._process_set)
+                                    postscale_factor=postscale, name=name, process_set=self._process_set,
+                                    weight=weight)
         for index, grad in zip(present, reduced):
             flat[index] = grad
         return tf.nest.pack_sequence_as(gradients, flat)
+
+    def _weight(self):
+        """This step's weight: the count given, else the balancer's local batch size, else None."""
+        if self._local_samples is not None:
+            return self._local_samples
+        if self._load_balancer is not None:
+            return self._load_balancer.local_batch_size()
+        return None
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None):
         """`gradient()`'s gradients split as Horovod's tape splits them: the (source,
@@ -118,9 +139,10 @@ class _DistributedGradientTape:
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
                             sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
-                            groups=None, process_set=global_process_set, scale_local_gradients=True):
+                            groups=None, process_set=global_process_set, scale_local_gradients=True,
+                            local_samples=None, load_balancer=None):
     """Wrap `gradtape` (recorded or not yet entered) so that `gradient()` all-reduces;
-    arguments in Horovod's order.
+    arguments in Horovod's order, then hvdplus's.
 
     Args:
         gradtape: a tf.GradientTape; what it recorded, and whether it is persistent, carry over.
@@ -139,12 +161,18 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
             job by default. On a rank outside the set, `gradient()` is the wrapped tape's.
         scale_local_gradients: divide the gradients of sources registered as local
             (`register_local_source`, PartialDistributedGradientTape) by the set's size.
+        local_samples: this rank's number of samples behind the gradients (a number or scalar
+            tensor of 0 or more; op Average only): they are averaged weighted by it, so uneven
+            local batches give the gradient of the mean loss over all of them. Counts that sum
+            to zero raise on every rank.
+        load_balancer: an hvdplus LoadBalancer whose `local_batch_size()`, read when
+            `gradient()` runs, is the count (when `local_samples` is not given).
     """
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(gradtape.__dict__)
     wrapped._hvdplus_setup(compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
-                           scale_local_gradients)
+                           scale_local_gradients, local_samples, load_balancer)
     return wrapped
 
 

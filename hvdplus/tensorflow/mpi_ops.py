@@ -103,8 +103,30 @@ def _allreduce(tensor, name, op, prescale, postscale, process_set):
     return reduce(tensor)
 
 
+def _weighted_average(tensor, weight, name, op, prescale, postscale, process_set):
+    """sum_i(w_i x_i) / sum_i(w_i) over the ranks (hvdplus.allreduce's `weight`). Its gradient
+    with respect to this rank's x is (w_i / W) times the sum of every rank's upstream
+    gradient: one Sum all-reduce of that gradient with w_i appended gives both."""
+    weight = tf.cast(weight, tf.float64)
+
+    def reduce_on_host(array, weight_array):
+        return [collectives.allreduce(array, op, prescale, postscale, name, process_set, weight=weight_array)]
+
+    @tf.custom_gradient
+    def reduce(x):
+        def grad(upstream):
+            wire = tf.concat([tf.reshape(tf.cast(upstream, tf.float64), [-1]), tf.reshape(weight, [1])], 0)
+            summed = _host_allreduce(wire, f"{name}.grad", Sum, 1.0, 1.0, process_set)
+            share = tf.math.divide_no_nan(weight, summed[-1]) * (prescale * postscale)
+            return tf.cast(tf.reshape(summed[:-1] * share, tf.shape(upstream)), upstream.dtype)
+
+        return run_on_host(reduce_on_host, [x, weight], [x.dtype], [x.shape])[0], grad
+
+    return reduce(tensor)
+
+
 def allreduce(tensor, average=None, compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, name=None, process_set=global_process_set):
+              postscale_factor=1.0, name=None, process_set=global_process_set, weight=None):
     """`tensor` reduced over all ranks (Average by default): `postscale * reduce(prescale * x)`.
 
     Args:
@@ -117,8 +139,23 @@ def allreduce(tensor, average=None, compression=Compression.none, op=None, presc
         name: the name every rank gives this collective (default: eagerly one by call order, in
             a graph one by the op's place in it).
         process_set: the ranks that reduce (Average divides by its size); the whole job by default.
+        weight: with op Average, this rank's weight (a number or scalar tensor of 0 or more, such
+            as its sample count): the result is sum_i(w_i x_i) / sum_i(w_i), for gradients or
+            metrics of uneven batches. A weight with another op, or weights that sum to zero,
+            raise on every rank.
     """
     name = collective_name("allreduce", name, process_set)
+    if weight is not None:
+        try:
+            if isinstance(tensor, tf.IndexedSlices):
+                raise ValueError(f"{what('allreduce', name)}: weight= takes a dense tensor, not tf.IndexedSlices")
+            op = as_reduce_op(reduce_op_from(average, op))
+            tensor = as_tensor(tensor, what("allreduce", name))
+        except (TypeError, ValueError) as error:
+            return _fail_everywhere(error, [("allreduce", name)], process_set)
+        wire, ctx = compression.compress(tensor)
+        return compression.decompress(
+            _weighted_average(wire, weight, name, op, prescale_factor, postscale_factor, process_set), ctx)
     if isinstance(tensor, tf.IndexedSlices):
         return grouped_allreduce([tensor], average, compression, op, prescale_factor, postscale_factor, name,
                                  process_set)[0]
@@ -188,14 +225,38 @@ def _grouped_allreduce(tensors, name, op, prescale, postscale, process_set):
     return reduce(*tensors)
 
 
+def _weighted_group(wires, weight, name, op, prescale, postscale, process_set):
+    """One host op: each of `wires` averaged over the ranks weighted by `weight`, fused."""
+    def reduce(weight_array, *arrays):
+        return collectives.grouped_allreduce_async(list(arrays), name, op, prescale, postscale,
+                                                   process_set=process_set, weight=weight_array).wait()
+
+    return run_on_host(reduce, [tf.cast(weight, tf.float64), *wires], [w.dtype for w in wires],
+                       [w.shape for w in wires])
+
+
 def grouped_allreduce(tensors, average=None, compression=Compression.none, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, name=None, process_set=global_process_set):
+                      postscale_factor=1.0, name=None, process_set=global_process_set, weight=None):
     """All-reduce `tensors` in one host op: the dense ones as one fused group (differentiable
-    when all are dense), IndexedSlices by allgather. Arguments as in allreduce; returns a list."""
+    when all are dense), IndexedSlices by allgather. Arguments as in allreduce; returns a list.
+
+    With `weight` (as in allreduce) each becomes the weighted average sum_i(w_i x_i) /
+    sum_i(w_i); IndexedSlices are made dense for it. That form has no gradient."""
     name = collective_name("grouped_allreduce", name, process_set)
     tensors = list(tensors)
     if not tensors:
         return []
+    if weight is not None:
+        try:
+            op = as_reduce_op(reduce_op_from(average, op))
+            tensors = [as_tensor(tf.convert_to_tensor(t) if isinstance(t, tf.IndexedSlices) else t,
+                                 what("grouped_allreduce", name)) for t in tensors]
+        except (TypeError, ValueError) as error:
+            return [_fail_everywhere(error, _group_names(name, tensors), process_set)] * len(tensors)
+        compressed = [compression.compress(t) for t in tensors]
+        reduced = _weighted_group([wire for wire, _ in compressed], weight, name, op, prescale_factor,
+                                  postscale_factor, process_set)
+        return [compression.decompress(value, ctx) for value, (_, ctx) in zip(reduced, compressed)]
     try:
         op = as_reduce_op(reduce_op_from(average, op))
         tensors = [t if isinstance(t, tf.IndexedSlices) else as_tensor(t, what("grouped_allreduce", name))

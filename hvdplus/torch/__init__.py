@@ -9,7 +9,9 @@
 from ..core.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
 from ..core.basics import __all__ as _BASICS
 from ..core.join import Join
+from ..core.load_balance import LoadBalancer
 from . import elastic
+from .balanced_sampler import BalancedSampler
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import *  # noqa: F401,F403 (the collectives, as mpi_ops.__all__ lists them)
@@ -20,6 +22,7 @@ from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     *_BASICS, *_MPI_OPS,
-    "elastic", "Join", "Compression", "allgather_object", "broadcast_object", "broadcast_optimizer_state",
+    "elastic", "LoadBalancer", "BalancedSampler",
+    "Join", "Compression", "allgather_object", "broadcast_object", "broadcast_optimizer_state",
     "broadcast_parameters", "DistributedOptimizer", "recv", "recv_async", "send", "send_async", "SyncBatchNorm",
 ]

@@ -96,31 +96,44 @@ def _check_gradient_op(kind, op):
 
 # -- all-reduce ---------------------------------------------------------------------------
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                    process_set=global_process_set):
-    """Start an all-reduce of `tensor`; synchronize returns a new tensor."""
+                    process_set=global_process_set, weight=None):
+    """Start an all-reduce of `tensor`; synchronize returns a new tensor.
+
+    `weight` (op Average only; a number of 0 or more, such as this rank's sample count) makes
+    it the weighted average sum_i(w_i x_i) / sum_i(w_i) (hvdplus.allreduce's `weight`)."""
     failed = _checked("allreduce", name, [tensor], process_set)
     if failed:
         return failed
     core = collectives.allreduce_async(numpy_view(tensor), name, reduce_op_from(average, op),
-                                       prescale_factor, postscale_factor, process_set=process_set)
+                                       prescale_factor, postscale_factor, process_set=process_set,
+                                       weight=_number(weight))
     return core.then(lambda result: to_tensor(result, tensor))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     process_set=global_process_set):
-    """Start an in-place all-reduce of `tensor`; synchronize returns `tensor`."""
+                     process_set=global_process_set, weight=None):
+    """Start an in-place all-reduce of `tensor`; synchronize returns `tensor`. `weight` as
+    in allreduce_async."""
     failed = _checked("allreduce", name, [tensor], process_set, in_place=True)
     if failed:
         return failed
     array, finish = as_in_place_array(tensor)
-    core = collectives.allreduce_async(array, name, reduce_op_from(average, op),
-                                       prescale_factor, postscale_factor, output=array, process_set=process_set)
+    core = collectives.allreduce_async(array, name, reduce_op_from(average, op), prescale_factor, postscale_factor,
+                                       output=array, process_set=process_set, weight=_number(weight))
     return core.then(lambda _: finish())
 
 
-def _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression, process_set):
+def _number(weight):
+    """A weight given as a one-element tensor (a count computed on the device) as a number;
+    anything else goes to the core as it is, which checks it on every rank."""
+    if isinstance(weight, torch.Tensor) and weight.numel() == 1:
+        return weight.item()
+    return weight
+
+
+def _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression, process_set, weight=None):
     wire, ctx = compression.compress(tensor)
-    reduced = allreduce_async(wire, None, name, op, prescale_factor, postscale_factor, process_set).wait()
+    reduced = allreduce_async(wire, None, name, op, prescale_factor, postscale_factor, process_set, weight).wait()
     return compression.decompress(reduced, ctx)
 
 
@@ -140,10 +153,44 @@ class _AllreduceFunction(torch.autograd.Function):
         return reduced, None, None, None, None, None, None
 
 
+class _WeightedAverageFunction(torch.autograd.Function):
+    """y = sum_j(w_j x_j) / W on every rank, W = sum_j(w_j): the gradient of the ranks' summed
+    losses with respect to this rank's x is (w_i / W) times the sum of every rank's incoming
+    gradient. One Sum all-reduce of those gradients with this rank's weight appended gives
+    both the sum and W."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, weight, prescale_factor, postscale_factor, compression, process_set):
+        name = _forward_name("allreduce", name, process_set)
+        ctx.name, ctx.weight = name, float(weight)
+        ctx.scale, ctx.process_set = float(prescale_factor) * float(postscale_factor), process_set
+        return _allreduce_plain(tensor, name, Average, prescale_factor, postscale_factor, compression, process_set,
+                                weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        wire = torch.cat([grad.reshape(-1).to(torch.float64), grad.new_full((1,), ctx.weight, dtype=torch.float64)])
+        summed = allreduce_async(wire.cpu(), None, f"{ctx.name}.grad", Sum, process_set=ctx.process_set).wait()
+        share = ctx.weight / summed[-1].item() * ctx.scale if summed[-1].item() > 0 else 0.0
+        reduced = (summed[:-1] * share).reshape(grad.shape).to(dtype=grad.dtype, device=grad.device)
+        return reduced, None, None, None, None, None, None
+
+
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    """All-reduce `tensor` into a new tensor (Average by default); differentiable."""
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set, weight=None):
+    """All-reduce `tensor` into a new tensor (Average by default); differentiable.
+
+    With `weight` (op Average only; a number of 0 or more, such as this rank's sample count)
+    the result is the weighted average sum_i(w_i x_i) / sum_i(w_i), for averaging gradients or
+    metrics of uneven batches; a weight with another op raises ValueError on every rank."""
     op = reduce_op_from(average, op)
+    weight = _number(weight)
+    if weight is not None:
+        if _differentiable(tensor) and op == Average and isinstance(weight, (int, float)):
+            return _WeightedAverageFunction.apply(tensor, name, weight, prescale_factor, postscale_factor,
+                                                  compression, process_set)
+        return _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression, process_set,
+                                weight)
     if _differentiable(tensor):
         return _AllreduceFunction.apply(tensor, name, op, prescale_factor, postscale_factor, compression,
                                         process_set)
@@ -169,8 +216,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                             process_set=global_process_set):
-    """Start in-place all-reduces of `tensors` as one fused group."""
+                             process_set=global_process_set, weight=None):
+    """Start in-place all-reduces of `tensors` as one fused group. `weight` makes each a
+    weighted average, as in allreduce_async."""
     tensors = list(tensors)
     arrays = _grouped_arrays(name, tensors, process_set, in_place=True)
     if isinstance(arrays, Handle):
@@ -178,7 +226,8 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     # Host copies of CUDA tensors go back once reduced; CPU tensors were reduced where they lie.
     staged = [(array, tensor) for array, tensor in zip(arrays, tensors) if not tensor.is_cpu]
     core = collectives.grouped_allreduce_async(arrays, name, reduce_op_from(average, op), prescale_factor,
-                                               postscale_factor, outputs=arrays, process_set=process_set)
+                                               postscale_factor, outputs=arrays, process_set=process_set,
+                                               weight=_number(weight))
 
     def finish(_):
         for array, tensor in staged:

@@ -10,6 +10,12 @@ request per step costs least: every request pays its own negotiation and bookkee
 none would start any earlier. `step()` waits for them all, then lets the wrapped optimizer
 update the parameters.
 
+With a local sample count (`set_local_samples(n)`, or `load_balancer=` whose local batch size
+it reads), each gradient's all-reduce is the weighted average sum_i(n_i g_i) / sum_i(n_i):
+the gradient of the mean loss over the union of the ranks' uneven batches when each rank's
+loss is the mean over its own n_i samples. The count is read when the step's first gradient
+is submitted, during backward, so it is set before `loss.backward()`.
+
 With `process_set=`, gradients are averaged over that set's ranks only, on its engine; as in
 Horovod, a rank outside the set applies its own gradients unreduced. A job that re-forms
 (hvdplus.elastic) has no process sets any more: such an optimizer then refuses to step.
@@ -24,7 +30,7 @@ import torch
 
 from ..common.errors import HvdplusError
 from ..common.reduce_ops import Average
-from ..common.scaling import gradient_reduction
+from ..common.scaling import Reduction, gradient_reduction
 from ..common.sparse import gathered
 from ..core import runtime
 from ..core.join import JoinHook
@@ -46,9 +52,14 @@ class _DistributedOptimizer:
     instance of that class (schedulers, state_dict and isinstance keep working)."""
 
     def _hvdplus_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                       gradient_predivide_factor, groups, sparse_as_dense, process_set):
+                       gradient_predivide_factor, groups, sparse_as_dense, process_set, load_balancer=None):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+        if load_balancer is not None:
+            _check_weighted_op(op, "DistributedOptimizer(load_balancer=...)")
+        self._load_balancer = load_balancer
+        self._local_samples = None  # set_local_samples(n): this rank's samples per step, once given
+        self._step_weight = None  # the weight of the step whose gradients are being submitted
         self._compression = compression
         self._passes_per_step = backward_passes_per_step
         self._sparse_as_dense = sparse_as_dense
@@ -85,6 +96,9 @@ class _DistributedOptimizer:
         size = size_in(self._process_set, "DistributedOptimizer") if averaging else 1
         self._size = size
         params = self._params
+        # A weighted average divides by the weights' total, so gradient_predivide_factor (which
+        # only guards half-precision sums, and weighted sums run in float32 or wider) does not apply.
+        self._weighted_reduction = Reduction(Average)
         self._reduction = gradient_reduction(self._op, self._predivide, size)
         trained = [p for p in params if p.requires_grad]
         if self._explicit_groups is None and size > 1:
@@ -103,6 +117,38 @@ class _DistributedOptimizer:
         self._hooks = []
         if size > 1:
             self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready) for p in trained]
+
+    # -- weights: the local sample count of each step --------------------------------
+    def set_local_samples(self, samples):
+        """Average the gradients of the coming steps weighted by `samples`, this rank's number
+        of samples in them: sum_i(n_i g_i) / sum_i(n_i), the gradient of the mean loss over
+        every rank's samples when each rank's loss is the mean over its own. Call it before
+        `loss.backward()` (the gradients are submitted during backward); it holds until called
+        again, and takes precedence over `load_balancer=`. None goes back to the plain average.
+
+        Args:
+            samples: a number of 0 or more (ranks may give 0, not all of them); checked on
+                every rank when the gradients are reduced, so a bad one raises on all.
+        """
+        if samples is not None:
+            _check_weighted_op(self._op, "DistributedOptimizer.set_local_samples()")
+        if self._submitted and samples != self._step_weight:
+            raise RuntimeError(
+                f"DistributedOptimizer.set_local_samples({samples}): this step's gradients are already being "
+                f"averaged with weight {self._step_weight} (None: unweighted); set the count before loss.backward()")
+        self._local_samples = samples
+
+    def _weight(self):
+        """This step's weight (None: the plain average), fixed at its first submission."""
+        if self._step_weight is None:
+            if self._local_samples is not None:
+                self._step_weight = self._local_samples
+            elif self._load_balancer is not None:
+                self._step_weight = self._load_balancer.local_batch_size()
+        return self._step_weight
+
+    def _weighted(self) -> bool:
+        return self._local_samples is not None or self._load_balancer is not None
 
     # -- hooks: submit each gradient once it is complete ------------------------------
     def _gradient_ready(self, param):
@@ -134,7 +180,9 @@ class _DistributedOptimizer:
             self._group_ready[id(group)] = ready
 
     def _sparse_kept(self, param):
-        return param.grad is not None and gathered(param.grad.is_sparse, self._sparse_as_dense)
+        # Gathered rows cannot be weighted by a total no rank knows yet: weighted, they go dense.
+        return (param.grad is not None and not self._weighted()
+                and gathered(param.grad.is_sparse, self._sparse_as_dense))
 
     def _dense_gradient(self, param):
         """The gradient to all-reduce of a parameter whose gradient is not gathered
@@ -172,9 +220,10 @@ class _DistributedOptimizer:
             return self._allgather_sparse_gradient(param)
         grad = self._dense_gradient(param)
         wire, ctx = self._on_the_wire(grad)
-        op, prescale, postscale = self._reduction
+        weight = self._weight()
+        op, prescale, postscale = self._reduction if weight is None else self._weighted_reduction
         handle = allreduce_async_(wire, name=f"grad.{self._names[param]}", op=op, prescale_factor=prescale,
-                                  postscale_factor=postscale, process_set=self._process_set)
+                                  postscale_factor=postscale, process_set=self._process_set, weight=weight)
 
         def finish():
             handle.wait()
@@ -194,10 +243,11 @@ class _DistributedOptimizer:
                 grads.append(self._dense_gradient(p))
                 dense.append(p)
         compressed = [self._on_the_wire(g) for g in grads]
-        op, prescale, postscale = self._reduction
+        weight = self._weight()
+        op, prescale, postscale = self._reduction if weight is None else self._weighted_reduction
         name = f"grads.{self._names[group[0]]}"
         handle = grouped_allreduce_async_([w for w, _ in compressed], name=name, op=op, prescale_factor=prescale,
-                                          postscale_factor=postscale, process_set=self._process_set)
+                                          postscale_factor=postscale, process_set=self._process_set, weight=weight)
 
         def finish():
             try:
@@ -258,6 +308,7 @@ class _DistributedOptimizer:
             # Also after a failed all-reduce, so the next step starts afresh (hvdplus.elastic).
             self._submitted.clear()
             self._group_ready.clear()
+            self._step_weight = None
             for key in self._passes_left:
                 self._passes_left[key] = self._passes_per_step
         self._synchronized = True
@@ -303,6 +354,12 @@ class _DistributedOptimizer:
                 "zero the gradients before backward, or call step() first"
             )
         return super().zero_grad(set_to_none)
+
+
+def _check_weighted_op(op, what: str) -> None:
+    """Weighting by sample counts is an average: ValueError for another op."""
+    if op != Average:
+        raise ValueError(f"{what}: weighting gradients by local sample counts needs op=Average, got op={op}")
 
 
 def _averages_here(process_set) -> bool:
@@ -383,7 +440,8 @@ def _fusion_groups(params, groups):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set):
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set,
+                         load_balancer=None):
     """Wrap `optimizer` so that `step()` applies gradients averaged over all ranks.
 
     Args:
@@ -398,6 +456,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         sparse_as_dense: densify sparse gradients instead of allgathering them.
         process_set: the ranks whose gradients are averaged (default: every rank); a rank
             outside the set applies its own gradients, as in Horovod.
+        load_balancer: an hvdplus LoadBalancer (op Average only): each step's gradients are
+            averaged weighted by its `local_batch_size()`, read when backward submits the
+            first of them, so that uneven local batches give the gradient of the mean loss
+            over all of them. `set_local_samples(n)` gives the count by hand instead.
     """
     if num_groups and groups is None:
         groups = num_groups
@@ -405,5 +467,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._hvdplus_setup(named_parameters, compression, backward_passes_per_step, op,
-                           gradient_predivide_factor, groups, sparse_as_dense, process_set)
+                           gradient_predivide_factor, groups, sparse_as_dense, process_set, load_balancer)
     return wrapped

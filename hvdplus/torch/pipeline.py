@@ -1,6 +1,6 @@
 """Pipeline parallelism: a model split into stages over the ranks of a process set.
 
-    stages = split_sequential(model, parts=2)                  # every rank, alike
+    stages = split_sequential(model, parts=2, balance="time", sample=x[:8])  # every rank
     pipe = Pipeline(stages, process_set=pipeline_ranks, chunks=8, loss_fn=F.cross_entropy)
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(pipe.module.parameters(), lr=0.1),
                                          process_set=replicas_of_my_stage,
@@ -27,11 +27,13 @@ counts `chunks` backward passes per step.
 """
 
 import time
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import torch
 
+from ..common.contiguous_split import balanced_counts
 from ..core.process_sets import global_process_set, rank_in, ranks_in, size_in
+from . import stage_costs
 from .p2p import recv, send_async
 
 __all__ = ["Pipeline", "split_sequential", "schedule", "SCHEDULES"]
@@ -45,11 +47,28 @@ _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.in
 _COUNT_TAG = 30000
 
 
-def split_sequential(model: torch.nn.Sequential, parts: int, balance: Optional[Sequence[int]] = None):
-    """`model`'s layers as `parts` consecutive nn.Sequentials: `balance[i]` layers in part
-    i, or as even a split as the layer count allows."""
+def split_sequential(model: torch.nn.Sequential, parts: int, balance: Union[None, str, Sequence[int]] = None,
+                     sample: Optional[torch.Tensor] = None, process_set=global_process_set):
+    """`model`'s layers as `parts` consecutive nn.Sequentials, the same on every rank.
+
+    Args:
+        model: the whole model, alike on every rank.
+        parts: how many stages.
+        balance: how many layers each stage takes:
+            None: as even a split as the layer count allows;
+            a list of `parts` counts;
+            "time": the split whose slowest stage is fastest, by each layer's forward and
+            backward time on `sample` (stage_costs.layer_seconds), measured on every rank and
+            taken from the first rank of `process_set`;
+            "parameters": the split whose largest stage has the fewest parameters (memory).
+        sample: for "time", a batch for the first layer, of the size a micro-batch will have.
+        process_set: the ranks that call this together (for "time"); none where hvdplus is
+            not initialized.
+    """
     layers = list(model)
-    if balance is None:
+    if isinstance(balance, str):
+        balance = _balanced_by(balance, layers, parts, sample, process_set)
+    elif balance is None:
         base, extra = divmod(len(layers), parts)
         balance = [base + (i < extra) for i in range(parts)]
     if len(balance) != parts or sum(balance) != len(layers) or min(balance) < 1:
@@ -60,6 +79,21 @@ def split_sequential(model: torch.nn.Sequential, parts: int, balance: Optional[S
         stages.append(torch.nn.Sequential(*layers[start:start + count]))
         start += count
     return stages
+
+
+def _balanced_by(measure: str, layers, parts: int, sample, process_set) -> List[int]:
+    if parts > len(layers):
+        raise ValueError(f"split_sequential: {len(layers)} layers cannot make {parts} non-empty parts")
+    if measure == "parameters":
+        costs = stage_costs.layer_parameters(layers)
+    elif measure == "time":
+        if sample is None:
+            raise ValueError('split_sequential: balance="time" needs sample=, a batch for the first layer')
+        costs = stage_costs.costs_of_first_rank(stage_costs.layer_seconds(layers, sample), process_set)
+    else:
+        raise ValueError(f'split_sequential: balance {measure!r}, expected "time", "parameters", '
+                         f"a list of layer counts or None")
+    return balanced_counts(costs, parts)
 
 
 def schedule(kind: str, stage: int, stages: int, chunks: int) -> List[tuple]:

@@ -6,6 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import hvdplus.torch as hvd  # noqa: E402
+from testkit.torch_reference import train_plainly  # noqa: E402
 
 BATCH_PER_RANK = 6
 STEPS = 5
@@ -34,13 +35,7 @@ OPTIMIZERS = {
 
 def single_process(make_optimizer, batches):
     """The independent reference: one process, the whole batch, no hvdplus at all."""
-    model = make_model()
-    optimizer = make_optimizer(model.parameters())
-    for x, y in batches:
-        optimizer.zero_grad()
-        loss_fn(model, x, y).backward()
-        optimizer.step()
-    return model
+    return train_plainly(make_model(), make_optimizer, loss_fn, batches)
 
 
 def rows(rank, tensor, per_rank=BATCH_PER_RANK):

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import hvdplus.torch as hvd  # noqa: E402
+from hvdplus.torch import stage_costs  # noqa: E402
 from hvdplus.torch.pipeline import Pipeline, schedule, split_sequential  # noqa: E402
 
 STEPS, BATCH, CHUNKS, LR = 3, 8, 4, 0.1
@@ -60,9 +61,9 @@ def train_pipelined(kind, stages, pipeline_set, replica_set, replicas, replica):
     return pipe, losses
 
 
-def check_against_reference(pipe, losses, stage_count, replicas, replica_set):
+def check_against_reference(pipe, losses, stage_count, replicas, replica_set, counts=None):
     expected_losses, trained = reference(whole_model())
-    expected_stage = split_sequential(trained, stage_count)[pipe.stage]
+    expected_stage = split_sequential(trained, stage_count, balance=counts)[pipe.stage]
     for (name, got), (_, want) in zip(pipe.module.named_parameters(), expected_stage.named_parameters()):
         torch.testing.assert_close(got, want, msg=lambda m: f"stage {pipe.stage} {name}: {m}")
     if pipe.is_last:
@@ -81,6 +82,20 @@ def test_pipeline_over_every_rank_equals_one_process(kind, rank, size):
     stages = split_sequential(copy.deepcopy(whole_model()), size)
     pipe, losses = train_pipelined(kind, stages, hvd.global_process_set, None, 1, 0)
     check_against_reference(pipe, losses, size, 1, None)
+
+
+def test_a_split_by_time_is_the_first_ranks_on_every_rank_and_trains_like_one_process(rank, size):
+    # Each rank measures; all cut where the first rank's measurement says, even one that
+    # measured otherwise (here: costs that differ by rank).
+    assert stage_costs.costs_of_first_rank([float(rank), 1.0, 2.0]) == [0.0, 1.0, 2.0]
+    if size == 1:
+        pytest.skip("a pipeline needs 2 ranks")
+    sample = torch.randn(BATCH // CHUNKS, 4, dtype=torch.float64)
+    stages = split_sequential(copy.deepcopy(whole_model()), size, balance="time", sample=sample)
+    counts = [len(stage) for stage in stages]
+    assert hvd.allgather_object(counts) == [counts] * size
+    pipe, losses = train_pipelined("1f1b", stages, hvd.global_process_set, None, 1, 0)
+    check_against_reference(pipe, losses, size, 1, None, counts)
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])

@@ -23,11 +23,12 @@ def evaluated(result):
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
-              compression=Compression.none, process_set=global_process_set):
+              compression=Compression.none, process_set=global_process_set, weight=None):
     """`value` reduced over ranks, Average unless `op` (or the deprecated `average`) says
-    otherwise: `postscale_factor * reduce(prescale_factor * value)`."""
+    otherwise: `postscale_factor * reduce(prescale_factor * value)`. `weight` (op Average
+    only) makes it the weighted average sum_i(w_i x_i) / sum_i(w_i), as hvdplus.allreduce's."""
     return evaluated(mpi_ops.allreduce(tf.convert_to_tensor(value), average, compression, op, prescale_factor,
-                                       postscale_factor, name, process_set))
+                                       postscale_factor, name, process_set, weight))
 
 
 def allgather(value, name=None, process_set=global_process_set):

@@ -13,6 +13,7 @@ import tensorflow as tf
 import hvdplus.tensorflow as hvd_tf
 import hvdplus.tensorflow.keras as hvd
 from hvdplus.tensorflow.elastic import TensorFlowKerasState
+from testkit.weighted_reference import counts, numpy_weighted_average, values_of
 
 PER_RANK, FEATURES, OUTPUTS = 4, 3, 2
 OPTIMIZERS = {"sgd": lambda lr: tf.keras.optimizers.SGD(lr, momentum=0.5),
@@ -194,3 +195,10 @@ def test_tensorflow_keras_state_restores_its_commit_and_syncs_rank_0s_values(ran
     root = hvd.broadcast_object(model.get_weights(), root_rank=0)
     for mine, theirs in zip(model.get_weights(), root):
         np.testing.assert_array_equal(mine, theirs)
+
+
+def test_allreduce_with_a_weight_is_the_weighted_average(rank, size):
+    weights = counts(size)
+    expected = numpy_weighted_average([values_of(r) for r in range(size)], weights)
+    result = hvd.allreduce(values_of(rank).astype("float32"), weight=weights[rank], name="weighted.keras2")
+    np.testing.assert_allclose(np.asarray(result), expected, rtol=1e-6, atol=1e-6)

@@ -1,0 +1,164 @@
+"""`hvd.LoadBalancer`: local batch sizes that follow each rank's measured speed, so ranks of
+different speeds finish their steps together.
+
+    balancer = hvd.LoadBalancer(global_batch_size=256)
+    for step in range(steps):
+        start = time.perf_counter()
+        ...forward and backward on balancer.local_batch_size() samples...
+        balancer.record(balancer.local_batch_size(), time.perf_counter() - start)
+        ...average the gradients with weight=balancer.local_batch_size(), step the optimizer...
+        balancer.rebalance()          # every rank, at the same step boundary
+
+Each rank smooths its own compute time per sample; `rebalance()` gathers the ranks' speeds
+(one all-gather of one number per rank) and every rank computes the same sizes from them
+(hvdplus/common/batch_sizes.py).
+"""
+
+import logging
+import math
+import time
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from ..common.batch_sizes import balanced_sizes, departures, moves_enough
+from .collectives import allgather
+from .process_sets import global_process_set
+
+__all__ = ["LoadBalancer"]
+
+_log = logging.getLogger("hvdplus.load_balance")
+
+
+class LoadBalancer:
+    """Right-sizes each rank's local batch at step boundaries from its measured speed.
+
+    Args:
+        global_batch_size: the samples of one step over all ranks of the process set; the
+            local sizes always sum to it.
+        min_batch_size: the fewest samples a rank gets, however slow it is.
+        smoothing: the weight of the newest measurement in the exponential average of the
+            time per sample (1: only the last step counts; smaller: steadier, slower to adapt).
+        hysteresis: sizes change only when the new ones move some rank by more than this
+            fraction of its current size, so that noise does not move them every step.
+        report_threshold: rank 0 logs the ranks whose speed departs from the median by more
+            than this fraction (a warning on the "hvdplus.load_balance" logger).
+        report_interval_s: the least time between two such log lines.
+        process_set: the ranks that balance among themselves (the whole job by default).
+        warmup_steps: the measurements left out after the start and each reset: a first step
+            carries one-time costs (allocations, the first collectives, autotuning) many times
+            a step's, which would hold the sizes back for many steps.
+    """
+
+    def __init__(self, global_batch_size: int, min_batch_size: int = 1, smoothing: float = 0.5,
+                 hysteresis: float = 0.1, report_threshold: float = 0.2, report_interval_s: float = 60.0,
+                 process_set=global_process_set, warmup_steps: int = 1):
+        if not 0 < smoothing <= 1:
+            raise ValueError(f"LoadBalancer: smoothing must be in (0, 1], got {smoothing}")
+        if warmup_steps < 0:
+            raise ValueError(f"LoadBalancer: warmup_steps must be 0 or more, got {warmup_steps}")
+        if hysteresis < 0 or report_threshold < 0:
+            raise ValueError(f"LoadBalancer: hysteresis ({hysteresis}) and report_threshold ({report_threshold}) "
+                             "must be 0 or more")
+        self.global_batch_size = global_batch_size
+        self.min_batch_size = min_batch_size
+        self.smoothing = float(smoothing)
+        self.hysteresis = float(hysteresis)
+        self.report_threshold = float(report_threshold)
+        self.report_interval_s = float(report_interval_s)
+        self.process_set = process_set
+        self.warmup_steps = int(warmup_steps)
+        self._last_report: Optional[float] = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the measurements and split the global batch evenly over the process set's
+        current ranks: after an elastic resize, or when the hardware changed."""
+        self._size = self.process_set.size()
+        self._rank = self.process_set.rank()
+        self._seconds_per_sample: Optional[float] = None
+        self._warmup_left = self.warmup_steps
+        self._speeds: Optional[List[float]] = None
+        self._sizes = balanced_sizes([1.0] * self._size, self.global_batch_size, self.min_batch_size)
+
+    def record(self, samples: int, compute_seconds: float) -> None:
+        """Add one step's measurement: `samples` processed in `compute_seconds` of compute
+        (forward and backward; leave out time spent waiting in collectives or for data).
+
+        Args:
+            samples: the samples of this step on this rank (a step of none is ignored).
+            compute_seconds: the seconds they took.
+        """
+        if samples < 0 or not math.isfinite(compute_seconds) or compute_seconds < 0:
+            raise ValueError(f"LoadBalancer.record: needs samples >= 0 and finite compute_seconds >= 0, got "
+                             f"{samples} samples in {compute_seconds} s")
+        if samples == 0 or compute_seconds == 0:
+            return
+        if self._warmup_left > 0:
+            self._warmup_left -= 1
+            return
+        latest = compute_seconds / samples
+        previous = self._seconds_per_sample
+        self._seconds_per_sample = latest if previous is None else (
+            previous + self.smoothing * (latest - previous))
+
+    def rebalance(self) -> List[int]:
+        """Agree on new sizes (every rank of the process set calls it at the same step
+        boundary) and return them, in rank order. Until every rank has recorded a step the
+        sizes stay as they are."""
+        own = 1.0 / self._seconds_per_sample if self._seconds_per_sample else 0.0
+        speeds = [float(speed) for speed in allgather(np.array([own], dtype=np.float64),
+                                                      process_set=self.process_set)]
+        if min(speeds) <= 0:
+            return list(self._sizes)
+        self._speeds = speeds
+        proposed = balanced_sizes(speeds, self.global_batch_size, self.min_batch_size)
+        if moves_enough(self._sizes, proposed, self.hysteresis):
+            self._sizes = proposed
+        self._report(speeds)
+        return list(self._sizes)
+
+    def _report(self, speeds: Sequence[float]) -> None:
+        if self._rank != 0:
+            return
+        now = time.monotonic()
+        if self._last_report is not None and now - self._last_report < self.report_interval_s:
+            return
+        departing = departures(speeds, self.report_threshold)
+        if departing:
+            self._last_report = now
+            listed = ", ".join(f"rank {rank} at {speed:.4g} samples/s ({ratio:.2f}x)"
+                               for rank, speed, ratio in departing)
+            _log.warning("load balance: ranks departing from the median speed %.4g samples/s by more than %d %%: "
+                         "%s; local batch sizes now %s", float(np.median(speeds)), round(100 * self.report_threshold),
+                         listed, self._sizes)
+
+    def sizes(self) -> List[int]:
+        """Every rank's current local batch size, in rank order (they sum to the global batch)."""
+        return list(self._sizes)
+
+    def local_batch_size(self) -> int:
+        """This rank's current local batch size."""
+        return self._sizes[self._rank]
+
+    def speeds(self) -> Optional[List[float]]:
+        """The ranks' smoothed speeds (samples per second) agreed at the last rebalance that had
+        a measurement from every rank; None before it."""
+        return None if self._speeds is None else list(self._speeds)
+
+    def offset(self) -> int:
+        """Where this rank's share starts in a global batch: the sizes of the ranks before it."""
+        return sum(self._sizes[:self._rank])
+
+    def slice(self, indices):
+        """This rank's contiguous share of a global batch: `indices[offset:offset + size]`.
+
+        Args:
+            indices: the global batch's sample indices (a sequence or array of
+                global_batch_size entries), the same on every rank.
+        """
+        if len(indices) != self.global_batch_size:
+            raise ValueError(f"LoadBalancer.slice: got {len(indices)} indices for a global batch of "
+                             f"{self.global_batch_size}")
+        start = self.offset()
+        return indices[start:start + self.local_batch_size()]
