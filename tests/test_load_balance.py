@@ -153,3 +153,12 @@ def test_a_weighted_average_needs_a_floating_tensor():
     with pytest.raises(TypeError, match="allreduce 'count': a weighted average needs a floating tensor, got dtype "
                                         "int64"):
         weighted_buffer(np.ones(3, dtype=np.int64), 1, "count", 0, 2)
+
+
+def test_a_half_precision_tensor_is_weighed_in_float32():
+    import ml_dtypes
+
+    # In bfloat16, 257 * 1.0 rounds to 256, and in float16 2 * 70000 overflows: weighed after
+    # widening, neither happens.
+    assert weighted_buffer(np.ones(2, dtype=ml_dtypes.bfloat16), 257, "g", 0, 2).tolist() == [257, 257, 257, 0]
+    assert weighted_buffer(np.full(2, 2.0, dtype=np.float16), 70000, "g", 1, 2).tolist() == [140000, 140000, 0, 70000]

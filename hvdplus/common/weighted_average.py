@@ -50,7 +50,10 @@ def weighted_buffer(array: np.ndarray, weight, name: str, rank: int, size: int) 
     value = _checked_weight(weight, name, rank)
     reduction = accumulation_dtype(array.dtype)
     buffer = np.zeros(array.size + size, dtype=reduction)
-    np.multiply(array.reshape(-1), value, out=buffer[:array.size], casting="unsafe")
+    # Widened first, then weighed: a product in float16 or bfloat16 would round a weight of 257
+    # to 256 (bfloat16) or overflow past 65504 (float16) before the sum.
+    buffer[:array.size] = array.reshape(-1)
+    buffer[:array.size] *= value
     buffer[array.size + rank] = value
     return buffer
 
