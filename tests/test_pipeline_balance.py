@@ -103,3 +103,16 @@ def test_bad_balance_arguments_raise_clearly():
         split_sequential(model, 2, balance="flops")
     with pytest.raises(ValueError, match="4 layers cannot make 5"):
         split_sequential(model, 5, balance="parameters")
+
+
+def test_measuring_leaves_batchnorm_statistics_and_dropout_randomness_as_they_were():
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5))
+    statistics_before = [buffer.clone() for buffer in model.buffers()]
+    sample = torch.randn(16, 8)
+    torch.manual_seed(7)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(7)
+    stage_costs.layer_seconds(list(model), sample, repeats=2)
+    assert all(torch.equal(now, before) for now, before in zip(model.buffers(), statistics_before))
+    assert torch.equal(torch.rand(3), expected_draw)

@@ -103,6 +103,15 @@ def _allreduce(tensor, name, op, prescale, postscale, process_set):
     return reduce(tensor)
 
 
+def _weight_tensor(weight, name) -> tf.Tensor:
+    """`weight` as a float64 tensor; ValueError, for every rank to raise, where it is none."""
+    try:
+        return tf.cast(weight, tf.float64)
+    except (TypeError, ValueError, tf.errors.OpError) as error:
+        raise ValueError(f"allreduce {name!r}: weight {weight!r} is not a number or a numeric tensor "
+                         f"({type(error).__name__})") from None
+
+
 def _weighted_average(tensor, weight, name, op, prescale, postscale, process_set):
     """sum_i(w_i x_i) / sum_i(w_i) over the ranks (hvdplus.allreduce's `weight`). Its gradient
     with respect to this rank's x is (w_i / W) times the sum of every rank's upstream
@@ -151,6 +160,7 @@ def allreduce(tensor, average=None, compression=Compression.none, op=None, presc
                 raise ValueError(f"{what('allreduce', name)}: weight= takes a dense tensor, not tf.IndexedSlices")
             op = as_reduce_op(reduce_op_from(average, op))
             tensor = as_tensor(tensor, what("allreduce", name))
+            weight = _weight_tensor(weight, name)
         except (TypeError, ValueError) as error:
             return _fail_everywhere(error, [("allreduce", name)], process_set)
         wire, ctx = compression.compress(tensor)
@@ -251,8 +261,10 @@ def grouped_allreduce(tensors, average=None, compression=Compression.none, op=No
             op = as_reduce_op(reduce_op_from(average, op))
             tensors = [as_tensor(tf.convert_to_tensor(t) if isinstance(t, tf.IndexedSlices) else t,
                                  what("grouped_allreduce", name)) for t in tensors]
+            weight = _weight_tensor(weight, name)
         except (TypeError, ValueError) as error:
-            return [_fail_everywhere(error, _group_names(name, tensors), process_set)] * len(tensors)
+            # The others submit one all-reduce: their IndexedSlices are made dense here too.
+            return [_fail_everywhere(error, [("allreduce", name)], process_set)] * len(tensors)
         compressed = [compression.compress(t) for t in tensors]
         reduced = _weighted_group([wire for wire, _ in compressed], weight, name, op, prescale_factor,
                                   postscale_factor, process_set)

@@ -124,9 +124,12 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 
 def _number(weight):
-    """A weight given as a one-element tensor (a count computed on the device) as a number;
-    anything else goes to the core as it is, which checks it on every rank."""
+    """A weight given as a one-element tensor (a count computed on the device) or a numpy
+    scalar as a Python number, so that every kind of number takes the same, differentiable
+    path on every rank; anything else goes to the core as it is, which checks it on every rank."""
     if isinstance(weight, torch.Tensor) and weight.numel() == 1:
+        return weight.item()
+    if isinstance(weight, np.generic) and weight.size == 1:
         return weight.item()
     return weight
 

@@ -124,7 +124,8 @@ class _DistributedOptimizer:
         of samples in them: sum_i(n_i g_i) / sum_i(n_i), the gradient of the mean loss over
         every rank's samples when each rank's loss is the mean over its own. Call it before
         `loss.backward()` (the gradients are submitted during backward); it holds until called
-        again, and takes precedence over `load_balancer=`. None goes back to the plain average.
+        again, and takes precedence over `load_balancer=`. None goes back to `load_balancer=`'s
+        count where one was given, else to the plain average.
 
         Args:
             samples: a number of 0 or more (ranks may give 0, not all of them); checked on

@@ -58,8 +58,8 @@ def split_sequential(model: torch.nn.Sequential, parts: int, balance: Union[None
             None: as even a split as the layer count allows;
             a list of `parts` counts;
             "time": the split whose slowest stage is fastest, by each layer's forward and
-            backward time on `sample` (stage_costs.layer_seconds), measured on every rank and
-            taken from the first rank of `process_set`;
+            backward time on `sample` (stage_costs.layer_seconds), measured on the first rank
+            of `process_set`, whose costs every rank uses;
             "parameters": the split whose largest stage has the fewest parameters (memory).
         sample: for "time", a batch for the first layer, of the size a micro-batch will have.
         process_set: the ranks that call this together (for "time"); none where hvdplus is
@@ -89,7 +89,7 @@ def _balanced_by(measure: str, layers, parts: int, sample, process_set) -> List[
     elif measure == "time":
         if sample is None:
             raise ValueError('split_sequential: balance="time" needs sample=, a batch for the first layer')
-        costs = stage_costs.costs_of_first_rank(stage_costs.layer_seconds(layers, sample), process_set)
+        costs = stage_costs.measured_on_first_rank(lambda: stage_costs.layer_seconds(layers, sample), process_set)
     else:
         raise ValueError(f'split_sequential: balance {measure!r}, expected "time", "parameters", '
                          f"a list of layer counts or None")

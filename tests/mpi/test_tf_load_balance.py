@@ -47,6 +47,17 @@ def test_a_weight_with_another_op_raises_on_every_rank_naming_the_tensor(rank, s
         hvd.allreduce(tf.ones(3), op=hvd.Sum, weight=1.0, name="weighted.sum")
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["allreduce", "grouped_allreduce"])
+def test_a_weight_that_is_no_number_on_one_rank_raises_on_every_rank(grouped, rank, size):
+    weight = "three" if rank == size - 1 else 1.0
+    name = f"weighted.word.{grouped}"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"'{name}'.*weight 'three' is not a number"):
+        if grouped:
+            hvd.grouped_allreduce([tf.ones(3), tf.ones(2)], weight=weight, name=name)
+        else:
+            hvd.allreduce(tf.ones(3), weight=weight, name=name)
+
+
 # -- DistributedGradientTape over uneven batches -------------------------------------------
 def model_variables():
     rng = np.random.default_rng(0)

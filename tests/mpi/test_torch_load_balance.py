@@ -55,12 +55,14 @@ def test_weighted_allreduce_of_several_tensors_in_one_group(rank, size):
         np.testing.assert_allclose(tensor.numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
-def test_the_gradient_of_a_weighted_average(rank, size):
+@pytest.mark.parametrize("kind", [int, np.int64, torch.tensor], ids=["int", "numpy", "tensor"])
+def test_the_gradient_of_a_weighted_average(kind, rank, size):
     # y = sum_j(w_j x_j) / W on every rank; rank k's loss is sum(c_k * y); the gradient of the
-    # summed losses with respect to x_i is (w_i / W) * sum_k(c_k).
+    # summed losses with respect to x_i is (w_i / W) * sum_k(c_k). Whatever kind of number the
+    # weight is (a numpy count took a path without a gradient once).
     weights = counts(size)
     x = torch.tensor(values_of(rank), dtype=torch.float64, requires_grad=True)
-    y = hvd.allreduce(x, weight=weights[rank], name="weighted.grad")
+    y = hvd.allreduce(x, weight=kind(weights[rank]), name=f"weighted.grad.{kind.__name__}")
     (y * torch.tensor(values_of(50 + rank))).sum().backward()
     expected = weights[rank] / sum(weights) * sum(values_of(50 + k) for k in range(size))
     np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-12)

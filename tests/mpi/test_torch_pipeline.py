@@ -85,9 +85,8 @@ def test_pipeline_over_every_rank_equals_one_process(kind, rank, size):
 
 
 def test_a_split_by_time_is_the_first_ranks_on_every_rank_and_trains_like_one_process(rank, size):
-    # Each rank measures; all cut where the first rank's measurement says, even one that
-    # measured otherwise (here: costs that differ by rank).
-    assert stage_costs.costs_of_first_rank([float(rank), 1.0, 2.0]) == [0.0, 1.0, 2.0]
+    # The first rank measures and every rank takes its costs (here: costs that would differ by rank).
+    assert stage_costs.measured_on_first_rank(lambda: [float(rank), 1.0, 2.0]) == [0.0, 1.0, 2.0]
     if size == 1:
         pytest.skip("a pipeline needs 2 ranks")
     sample = torch.randn(BATCH // CHUNKS, 4, dtype=torch.float64)
@@ -96,6 +95,16 @@ def test_a_split_by_time_is_the_first_ranks_on_every_rank_and_trains_like_one_pr
     assert hvd.allgather_object(counts) == [counts] * size
     pipe, losses = train_pipelined("1f1b", stages, hvd.global_process_set, None, 1, 0)
     check_against_reference(pipe, losses, size, 1, None, counts)
+
+
+def test_a_measurement_that_fails_on_the_first_rank_raises_on_every_rank(rank, size):
+    def measure():
+        if rank == 0:
+            raise RuntimeError("out of memory while timing layer 3")
+        return [1.0]  # never taken: only the first rank measures
+
+    with pytest.raises(RuntimeError, match="out of memory while timing layer 3"):
+        stage_costs.measured_on_first_rank(measure)
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
