@@ -107,7 +107,7 @@ class LoadBalancer:
         boundary) and return them, in rank order. Until every rank has recorded a step the
         sizes stay as they are."""
         own = 1.0 / self._seconds_per_sample if self._seconds_per_sample else 0.0
-        speeds = [float(speed) for speed in allgather(np.array([own], dtype=np.float64),
+        speeds = [float(speed) for speed in allgather(np.array([own], dtype=np.float64), name="load_balance.speeds",
                                                       process_set=self.process_set)]
         if min(speeds) <= 0:
             return list(self._sizes)
