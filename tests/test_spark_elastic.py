@@ -70,7 +70,9 @@ def test_an_elastic_job_goes_on_in_place_without_a_dead_rank(spark, tmp_path, ca
 
 def test_fewer_tasks_than_min_num_proc_fail_within_the_timeout(spark, tmp_path):
     started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"Spark started 2 of the 3 tasks the job needs .* within 5 s"):
+    # Spark has 2 slots, so at most 2 tasks start; on a busy machine none may have within 5 s,
+    # and the message counts what did.
+    with pytest.raises(TimeoutError, match=r"Spark started [0-2] of the 3 tasks the job needs .* within 5 s"):
         hvdplus.spark.run_elastic(run_script, args=(ELASTIC_JOB, str(tmp_path / "result.json")), num_proc=3,
                                   min_num_proc=3, start_timeout=5)
     timing.assert_took_under(time.monotonic() - started, 45, quiet=5.2,
