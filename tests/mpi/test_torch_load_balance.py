@@ -3,7 +3,6 @@ DistributedOptimizer over uneven local batches (by `set_local_samples` or a Load
 against one process training plain torch on the union of the batches, and BalancedSampler's
 batches covering every sample once per epoch while the balancer moves the sizes."""
 
-
 import numpy as np
 import pytest
 
