@@ -21,9 +21,11 @@ LATE_S = 0.5
 # 2-3 % for the engine's (two threads look: the caller for 5 ms, then the engine thread), at 2 to
 # 4 ranks on Open MPI and at 3 on MPICH. Each look that wakes a sleeping thread costs 40-90 us of
 # processor time on these machines, whatever it does, so the share is mostly the number of looks.
-# The limit is twice the highest quiet share (3.6 %, the engine at 3 ranks) and more: beside the
-# suite's other worker the layer's 4 MiB wait once measured 6.1 % at 3 ranks.
-CPU_SHARE_LIMIT = 0.08
+# The limit is far above the highest quiet share (3.6 %, the engine at 3 ranks) and far below a
+# spinning wait's (all of a core): beside the suite's other worker, with 3 ranks on 2 cores, the
+# layer's 4 MiB wait measured 6.1 % and 10.2 %. The benchmark (benchmarks/waiting.py) tracks the
+# share itself; the tests catch a wait that spins.
+CPU_SHARE_LIMIT = 0.15
 # Rounds with nobody late, whose median is the operation's own cost.
 ON_TIME_ROUNDS = 3
 
