@@ -7,8 +7,8 @@ Python than hvdplus does (jax 0.10.2 needs 3.11, torch 2.13.0 and tensorflow-cpu
 3.10), so it runs only the test files that import none.
 
 That Python is `python3.X` on PATH, else pyenv's 3.X (tests/testkit/oldest_python.py). Without
-it these tests fail in CI (`CI=true`) and skip elsewhere. The environment takes about 20 s to
-build, once a session, in the background while other tests run.
+it these tests fail in CI (`CI=true`) and skip elsewhere. The environment takes about 26 s of
+a quiet core to build, once a run, in the background while other tests run.
 """
 
 import os
