@@ -10,8 +10,10 @@ different speeds finish their steps together.
         balancer.rebalance()          # every rank, at the same step boundary
 
 Each rank smooths its own compute time per sample; `rebalance()` gathers the ranks' speeds
-(one all-gather of one number per rank) and every rank computes the same sizes from them
-(hvdplus/common/batch_sizes.py).
+and last compute times (one all-gather of two numbers per rank) and every rank computes the
+same sizes from them (hvdplus/common/batch_sizes.py). Where a timeline is being written, the
+job's rank 0 adds each rank's compute seconds of its last step and its local batch size to it,
+as two counter tracks.
 """
 
 import logging
@@ -23,7 +25,8 @@ import numpy as np
 
 from ..common.batch_sizes import balanced_sizes, departures, moves_enough
 from .collectives import allgather
-from .process_sets import global_process_set
+from .process_sets import global_process_set, ranks_in
+from .runtime import current
 
 __all__ = ["LoadBalancer"]
 
@@ -77,6 +80,7 @@ class LoadBalancer:
         self._size = self.process_set.size()
         self._rank = self.process_set.rank()
         self._seconds_per_sample: Optional[float] = None
+        self._last_compute_seconds = 0.0
         self._warmup_left = self.warmup_steps
         self._speeds: Optional[List[float]] = None
         self._sizes = balanced_sizes([1.0] * self._size, self.global_batch_size, self.min_batch_size)
@@ -94,6 +98,7 @@ class LoadBalancer:
                              f"{samples} samples in {compute_seconds} s")
         if samples == 0 or compute_seconds == 0:
             return
+        self._last_compute_seconds = float(compute_seconds)
         if self._warmup_left > 0:
             self._warmup_left -= 1
             return
@@ -107,8 +112,9 @@ class LoadBalancer:
         boundary) and return them, in rank order. Until every rank has recorded a step the
         sizes stay as they are."""
         own = 1.0 / self._seconds_per_sample if self._seconds_per_sample else 0.0
-        speeds = [float(speed) for speed in allgather(np.array([own], dtype=np.float64), name="load_balance.speeds",
-                                                      process_set=self.process_set)]
+        gathered = allgather(np.array([own, self._last_compute_seconds], dtype=np.float64),
+                             name="load_balance.speeds", process_set=self.process_set).reshape(-1, 2)
+        speeds = [float(speed) for speed in gathered[:, 0]]
         if min(speeds) <= 0:
             return list(self._sizes)
         self._speeds = speeds
@@ -116,7 +122,19 @@ class LoadBalancer:
         if moves_enough(self._sizes, proposed, self.hysteresis):
             self._sizes = proposed
         self._report(speeds)
+        self._add_to_timeline(gathered[:, 1])
         return list(self._sizes)
+
+    def _add_to_timeline(self, compute_seconds) -> None:
+        timeline = current("LoadBalancer.rebalance()").engine.timeline  # on the job's rank 0 only
+        if timeline is None:
+            return
+        # Each series is named by the job's rank, which a process set's own order may not be.
+        ranks = ranks_in(self.process_set, "LoadBalancer.rebalance()")
+        timeline.counter("load_balance.compute_seconds",
+                         {f"rank {rank}": float(seconds) for rank, seconds in zip(ranks, compute_seconds)})
+        timeline.counter("load_balance.local_batch_size",
+                         {f"rank {rank}": size for rank, size in zip(ranks, self._sizes)})
 
     def _report(self, speeds: Sequence[float]) -> None:
         if self._rank != 0:

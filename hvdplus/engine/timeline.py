@@ -5,7 +5,8 @@ Rank 0 writes one row per collective, named `<kind>.<name>` as Horovod's rows ar
 `allreduce.7`, is kept as it is), with its phases: NEGOTIATE_<KIND> (first rank submitted it
 until every rank had), MEMCPY_IN_FUSION_BUFFER, the collective itself (<KIND>), and
 MEMCPY_OUT_FUSION_BUFFER. With `mark_cycles`, each engine cycle that runs collectives starts
-with a CYCLE_START instant event. Events are appended and flushed as they happen, so a job
+with a CYCLE_START instant event. Counters (a LoadBalancer's per-rank compute time per step
+and local batch sizes) are counter tracks, one series per rank. Events are appended and flushed as they happen, so a job
 killed midway leaves a readable trace (both viewers accept an unterminated event array);
 `close()` terminates the array, making the file strict JSON.
 """
@@ -69,6 +70,12 @@ class Timeline:
     def of_kind(self, kind: str) -> "KindRows":
         """This timeline as a batch of `kind` writes it: by its collectives' bare names."""
         return KindRows(self, kind)
+
+    def counter(self, name: str, values: dict) -> None:
+        """A sample, now, of counter track `name`: one series per key of `values`."""
+        with self._lock:
+            if not self._file.closed:
+                self._write({"name": name, "ph": "C", "pid": 0, "ts": round(now_us(), 3), "args": values})
 
     def mark_cycle_start(self) -> None:
         """A CYCLE_START instant event across the whole trace, when cycles are marked."""

@@ -2,6 +2,7 @@
 rank reporting half the speed gets its share, the weighted all-reduce of uneven batches equals
 the mean over their union, and bad weights raise on every rank."""
 
+import json
 import logging
 
 import numpy as np
@@ -150,6 +151,28 @@ def test_rank_zero_reports_departing_ranks_at_most_once_a_minute(rank, size, cap
             assert f"rank {size - 1} at 500 samples/s (0.50x)" in lines[0] and "rank 0 at" not in lines[0]
     else:
         assert lines == []
+
+
+def test_the_timeline_holds_each_ranks_compute_time_and_batch_size_per_step(rank, size, tmp_path):
+    path = hvd.broadcast_object(str(tmp_path / "timeline.json"), root_rank=0)  # rank 0 writes it
+    balancer = hvd.LoadBalancer(GLOBAL_BATCH, warmup_steps=0)
+    hvd.start_timeline(path)
+    steps = []
+    for step in range(3):
+        samples = balancer.local_batch_size()
+        seconds = samples * slow_last(rank, size) * (step + 1)  # each step slower than the last
+        balancer.record(samples, seconds)
+        steps.append((everyones(seconds), balancer.rebalance()))
+    hvd.stop_timeline()
+    if rank != 0:
+        return
+    with open(path) as trace:
+        events = [event for event in json.load(trace) if event.get("ph") == "C"]
+    series = {name: [event["args"] for event in events if event["name"] == name]
+              for name in ("load_balance.compute_seconds", "load_balance.local_batch_size")}
+    ranks = [f"rank {r}" for r in range(size)]
+    assert series["load_balance.compute_seconds"] == [dict(zip(ranks, seconds)) for seconds, _ in steps]
+    assert series["load_balance.local_batch_size"] == [dict(zip(ranks, sizes)) for _, sizes in steps]
 
 
 @pytest.mark.skipif(hvd.size() < 2, reason="process sets other than the job's need two ranks")
