@@ -9,9 +9,9 @@ different speeds finish their steps together.
         ...average the gradients with weight=balancer.local_batch_size(), step the optimizer...
         balancer.rebalance()          # every rank, at the same step boundary
 
-Each rank smooths its own compute time per sample; `rebalance()` gathers the ranks' speeds
-and last compute times (one all-gather of two numbers per rank) and every rank computes the
-same sizes from them (hvdplus/common/batch_sizes.py). Where a timeline is being written, the
+Each rank smooths its own compute time per sample; `rebalance()` gathers the ranks' speeds,
+last compute times and settings (one all-gather of five numbers per rank), and every rank
+computes the same sizes from them (hvdplus/common/batch_sizes.py). Where a timeline is being written, the
 job's rank 0 adds each rank's compute seconds of its last step and its local batch size to it,
 as two counter tracks.
 """
@@ -31,6 +31,8 @@ from .runtime import current
 __all__ = ["LoadBalancer"]
 
 _log = logging.getLogger("hvdplus.load_balance")
+# A rank with no share of a full batch weighs this little when a short batch is split: nothing.
+_NO_SHARE = 1e-9
 
 
 class LoadBalancer:
@@ -112,8 +114,10 @@ class LoadBalancer:
         boundary) and return them, in rank order. Until every rank has recorded a step the
         sizes stay as they are."""
         own = 1.0 / self._seconds_per_sample if self._seconds_per_sample else 0.0
-        gathered = allgather(np.array([own, self._last_compute_seconds], dtype=np.float64),
-                             name="load_balance.speeds", process_set=self.process_set).reshape(-1, 2)
+        mine = [own, self._last_compute_seconds, self.global_batch_size, self.min_batch_size, self.hysteresis]
+        gathered = allgather(np.array(mine, dtype=np.float64), name="load_balance.speeds",
+                             process_set=self.process_set).reshape(-1, len(mine))
+        self._check_same_settings(gathered[:, 2:])
         speeds = [float(speed) for speed in gathered[:, 0]]
         if min(speeds) <= 0:
             return list(self._sizes)
@@ -124,6 +128,18 @@ class LoadBalancer:
         self._report(speeds)
         self._add_to_timeline(gathered[:, 1])
         return list(self._sizes)
+
+    def _check_same_settings(self, settings) -> None:
+        # Every rank computes the sizes itself: ranks whose settings differ would each pick
+        # sizes of their own, which sum to no global batch. Every rank sees the same gathered
+        # values, so every rank raises.
+        for column, name in enumerate(("global_batch_size", "min_batch_size", "hysteresis")):
+            values = settings[:, column]
+            if np.any(values != values[0]):
+                ranks = ranks_in(self.process_set, "LoadBalancer.rebalance()")
+                listed = ", ".join(f"rank {rank} has {value:g}" for rank, value in zip(ranks, values))
+                raise ValueError(f"LoadBalancer.rebalance(): the ranks' balancers differ in {name}: {listed}; "
+                                 "give every rank the same settings")
 
     def _add_to_timeline(self, compute_seconds) -> None:
         timeline = current("LoadBalancer.rebalance()").engine.timeline  # on the job's rank 0 only
@@ -170,13 +186,20 @@ class LoadBalancer:
 
     def slice(self, indices):
         """This rank's contiguous share of a global batch: `indices[offset:offset + size]`.
+        A shorter batch (an epoch's last) is split in the same proportions, each share within
+        one sample of its exact part.
 
         Args:
-            indices: the global batch's sample indices (a sequence or array of
+            indices: the global batch's sample indices (a sequence or array of at most
                 global_batch_size entries), the same on every rank.
         """
-        if len(indices) != self.global_batch_size:
-            raise ValueError(f"LoadBalancer.slice: got {len(indices)} indices for a global batch of "
+        count = len(indices)
+        if count > self.global_batch_size:
+            raise ValueError(f"LoadBalancer.slice: got {count} indices for a global batch of "
                              f"{self.global_batch_size}")
-        start = self.offset()
-        return indices[start:start + self.local_batch_size()]
+        if count == 0:
+            return indices[0:0]
+        sizes = self._sizes if count == self.global_batch_size else balanced_sizes(
+            [size or _NO_SHARE for size in self._sizes], count, 0)
+        start = sum(sizes[:self._rank])
+        return indices[start:start + sizes[self._rank]]

@@ -4,6 +4,7 @@ the mean over their union, and bad weights raise on every rank."""
 
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -112,8 +113,34 @@ def test_the_slices_of_a_global_batch_cover_it_once_in_rank_order(rank, size):
     mine = balancer.slice(indices)
     assert len(mine) == balancer.local_batch_size()
     np.testing.assert_array_equal(np.concatenate(everyones(mine)), indices)
-    with pytest.raises(ValueError, match=f"got 7 indices for a global batch of {GLOBAL_BATCH}"):
-        balancer.slice(range(7))
+    with pytest.raises(ValueError, match=f"got {GLOBAL_BATCH + 1} indices for a global batch of {GLOBAL_BATCH}"):
+        balancer.slice(range(GLOBAL_BATCH + 1))
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 7, GLOBAL_BATCH - 1])
+def test_a_short_last_batch_is_split_in_the_same_proportions(rank, size, count):
+    balancer = hvd.LoadBalancer(GLOBAL_BATCH, min_batch_size=0, warmup_steps=0)
+    feed(balancer, 0.001 * (1 + 3 * rank), 1)
+    if size == 3:
+        feed(balancer, 0.001 * 1000 if rank == 2 else 0.001, 1)  # and one rank without a share
+        assert balancer.sizes()[2] == 0
+    indices = np.arange(1000, 1000 + count)
+    shares = everyones(list(balancer.slice(indices)))
+    assert sum(shares, []) == list(indices)
+    for share, size_of_full in zip(shares, balancer.sizes()):
+        assert abs(len(share) - count * size_of_full / GLOBAL_BATCH) < 1, (shares, balancer.sizes())
+
+
+@pytest.mark.skipif(hvd.size() < 2, reason="ranks that differ need two ranks")
+@pytest.mark.parametrize("setting, values", [("global_batch_size", (GLOBAL_BATCH, GLOBAL_BATCH + 6)),
+                                             ("min_batch_size", (1, 2)), ("hysteresis", (0.1, 0.25))])
+def test_balancers_whose_settings_differ_raise_on_every_rank_naming_them(rank, size, setting, values):
+    mine = values[1] if rank == size - 1 else values[0]
+    balancer = hvd.LoadBalancer(**{"global_batch_size": GLOBAL_BATCH, setting: mine, "warmup_steps": 0})
+    balancer.record(10, 0.01)
+    listed = ", ".join(f"rank {r} has {values[1] if r == size - 1 else values[0]:g}" for r in range(size))
+    with pytest.raises(ValueError, match=re.escape(f"the ranks' balancers differ in {setting}: {listed}")):
+        balancer.rebalance()
 
 
 def test_reset_forgets_the_measurements_and_splits_evenly(rank, size):
