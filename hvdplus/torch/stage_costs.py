@@ -1,8 +1,9 @@
 """What each layer of an nn.Sequential costs, for split_sequential to balance pipeline stages.
 
 Time: each layer's forward and backward pass on a sample batch, measured one layer at a time
-(its input the previous layer's output, detached) and taken as the fastest of a few repeats:
-a busy machine only ever adds time, so the fastest is the one least disturbed. Parameters:
+(its input the previous layer's output, detached) and taken as the fastest of a few rounds
+over all the layers: a busy machine only ever adds time, so the fastest is the one least
+disturbed, and a busy spell falls on every layer of a round alike. Parameters:
 each layer's count, for a split by memory. Every rank must cut the same way, so the process set's first rank
 measures and every rank uses its costs (or raises its error).
 """
@@ -41,28 +42,31 @@ def _synchronize(sample: torch.Tensor) -> None:
 
 def layer_seconds(layers: Sequence[torch.nn.Module], sample: torch.Tensor, repeats: int = 5) -> List[float]:
     """Seconds of each layer's forward and backward pass on `sample` (a batch for the first
-    layer), the fastest of `repeats` after one unmeasured pass. The layers' gradients and
-    buffers (BatchNorm's running statistics) and the random generators (Dropout's) are as
-    they were before."""
+    layer), the fastest of `repeats` rounds over the layers after one unmeasured pass. The
+    layers' gradients and buffers (BatchNorm's running statistics) and the random generators
+    (Dropout's) are as they were before."""
     if repeats < 1:
         raise ValueError(f"layer_seconds: repeats must be at least 1, got {repeats}")
     grads = [(p, None if p.grad is None else p.grad.clone()) for layer in layers for p in layer.parameters()]
     buffers = [(b, b.clone()) for layer in layers for b in layer.buffers()]
     random_state = torch.random.get_rng_state()
     cuda_random_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    seconds, x = [], sample
     try:
-        for layer in layers:
-            output = _forward_and_backward(layer, x)  # warms up what runs once (allocations, kernels)
-            times = []
-            for _ in range(repeats):
+        inputs = [sample]
+        for layer in layers:  # unmeasured: warms up what runs once (allocations, kernels)
+            inputs.append(_forward_and_backward(layer, inputs[-1]))
+        times = [[] for _ in layers]
+        # Round after round over all the layers, rather than each layer's repeats in a row:
+        # a busy spell then slows every layer's pass of that round alike, where in a row it
+        # could slow all of one layer's passes and none of the next one's.
+        for _ in range(repeats):
+            for index, layer in enumerate(layers):
                 _synchronize(sample)
                 start = time.perf_counter()
-                _forward_and_backward(layer, x)
+                _forward_and_backward(layer, inputs[index])
                 _synchronize(sample)
-                times.append(time.perf_counter() - start)
-            seconds.append(min(times))
-            x = output
+                times[index].append(time.perf_counter() - start)
+        seconds = [min(layer_times) for layer_times in times]
     finally:
         for parameter, grad in grads:
             parameter.grad = grad
