@@ -158,10 +158,12 @@ def test_process_sets_in_a_job_of_four(mpi_job, ranks_per_node, algorithm):
     mpi_job.run_pytest_on_ranks(4, ["tests/mpi/test_process_sets.py"], env=env)
 
 
-@pytest.mark.timeout(300)
-def test_torch_process_sets_in_a_job_of_four(mpi_job):
-    # The PyTorch adapter on sets of 1, 2 and 3 ranks side by side.
-    mpi_job.run_pytest_on_ranks(4, ["tests/mpi/test_torch_process_sets.py"])
+@pytest.mark.timeout(400)
+def test_torch_process_sets_and_load_balance_in_a_job_of_four(mpi_job):
+    # The PyTorch adapter on sets of 1, 2 and 3 ranks side by side; the balancer and the
+    # weighted gradients at a fourth size, in the job that has already paid torch's import.
+    mpi_job.run_pytest_on_ranks(4, ["tests/mpi/test_torch_process_sets.py", "tests/mpi/test_load_balance.py",
+                                    "tests/mpi/test_torch_load_balance.py"], timeout=360)
 
 
 @pytest.mark.timeout(120)
