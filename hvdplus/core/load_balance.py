@@ -25,9 +25,17 @@ from ..common.batch_sizes import balanced_sizes, departures, moves_enough
 from .collectives import allgather
 from .process_sets import global_process_set
 
-__all__ = ["LoadBalancer"]
+__all__ = ["LoadBalancer", "sample_count"]
 
 _log = logging.getLogger("hvdplus.load_balance")
+
+
+def sample_count(local_samples, load_balancer: Optional["LoadBalancer"]):
+    """The count that weighs a rank's gradients now: `local_samples` where given, else the
+    balancer's local batch size, else None (the plain average)."""
+    if local_samples is not None:
+        return local_samples
+    return None if load_balancer is None else load_balancer.local_batch_size()
 
 
 class LoadBalancer:
