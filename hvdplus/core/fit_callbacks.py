@@ -52,11 +52,30 @@ class BroadcastGlobalVariables:
 
 
 class MetricAverage:
-    """Replaces each epoch's numeric logs by their average over the ranks of `process_set`."""
+    """Replaces each epoch's numeric logs by their average over the ranks of `process_set`:
+    weighted by each rank's samples in the epoch where `local_samples` or `load_balancer`
+    tells them (Keras' epoch logs are means over the rank's own samples, so the weighted
+    average is the mean over every rank's samples), else plain."""
 
-    def __init__(self, device="", process_set=global_process_set):
+    def __init__(self, device="", process_set=global_process_set, local_samples=None, load_balancer=None):
         super().__init__()
         self.process_set = process_set
+        self.local_samples = local_samples
+        self.load_balancer = load_balancer
+        self._epoch_samples = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_samples = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.load_balancer is not None:
+            self._epoch_samples += self.load_balancer.local_batch_size()
+
+    def _weight(self):
+        """This rank's samples in the epoch (None: the plain average)."""
+        if self.local_samples is not None:
+            return self.local_samples
+        return self._epoch_samples if self.load_balancer is not None else None
 
     def on_epoch_end(self, epoch, logs=None):
         if runtime_of(self.process_set, "MetricAverageCallback").topology.size == 1 or not logs:
@@ -64,7 +83,7 @@ class MetricAverage:
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
         values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
         averaged = collectives.allreduce(values, name=f"metric_average.{epoch}.{','.join(keys)}",
-                                         process_set=self.process_set)
+                                         process_set=self.process_set, weight=self._weight())
         for key, value in zip(keys, averaged):
             logs[key] = float(value)
 

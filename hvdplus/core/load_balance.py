@@ -28,11 +28,19 @@ from .collectives import allgather
 from .process_sets import global_process_set, ranks_in
 from .runtime import current
 
-__all__ = ["LoadBalancer"]
+__all__ = ["LoadBalancer", "sample_count"]
 
 _log = logging.getLogger("hvdplus.load_balance")
 # A rank with no share of a full batch weighs this little when a short batch is split: nothing.
 _NO_SHARE = 1e-9
+
+
+def sample_count(local_samples, load_balancer: Optional["LoadBalancer"]):
+    """The count that weighs a rank's gradients now: `local_samples` where given, else the
+    balancer's local batch size, else None (the plain average)."""
+    if local_samples is not None:
+        return local_samples
+    return None if load_balancer is None else load_balancer.local_batch_size()
 
 
 class LoadBalancer:

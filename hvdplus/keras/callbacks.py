@@ -35,7 +35,13 @@ class MetricAverageCallback(fit_callbacks.MetricAverage, keras.callbacks.Callbac
     so EarlyStopping, ReduceLROnPlateau and ModelCheckpoint decide the same on every rank.
     With `process_set`, the average is over that set's ranks (a rank outside it gets a
     ValueError). `device` is accepted for Horovod's signature; the logs are averaged on the
-    host."""
+    host.
+
+    Ranks with uneven data weigh their logs by their samples: `local_samples=n` (this rank's
+    training samples in an epoch), or `load_balancer=` (the balancer's local batch size
+    summed over the epoch's batches, read as each batch begins; with steps_per_execution=1).
+    The validation logs are weighed alike, so shard validation data in the same proportions.
+    Counts that are negative, or sum to zero, raise on every rank."""
 
 
 class _OptimizerLearningRate:

@@ -70,19 +70,21 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     return collectives.allgather_object(obj, name, process_set)
 
 
-def allreduce_gradients(grads, variables, op=Average, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+def allreduce_gradients(grads, variables, op=Average, prescale_factor=1.0, postscale_factor=1.0, process_set=None,
+                        weight=None):
     """All-reduce a training step's gradients as one fused group, on whatever the backend
     hands the optimizer: TensorFlow tensors inside `tf.function`, torch tensors eagerly,
     JAX tracers inside `jax.jit` (one module each in `backends`), over `process_set`'s
     ranks (None: the job's). `None` gradients stay None (every rank's model has the same
-    unused variables)."""
+    unused variables). `weight`, a backends.step_weight.StepWeight, weighs the average by
+    the count it reads when the step runs."""
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         return list(grads)
     group = GRADIENTS_GROUP
     reduced = backends.for_backend(keras.backend.backend()).grouped_allreduce(
         [grads[i] for i in present], [variables[i] for i in present], op, prescale_factor, postscale_factor, group,
-        process_set)
+        process_set, weight)
     result = list(grads)
     for index, tensor in zip(present, reduced):
         result[index] = tensor

@@ -9,6 +9,12 @@ optimizer and `hvdplus.keras.load_model` wraps it again.
 With `process_set=`, gradients are averaged over the ranks of that set alone (disjoint sets
 train replica groups of their own); as in Horovod, a rank outside the set applies its own
 gradients, not reduced.
+
+With a local sample count (`local_samples=n`, `set_local_samples(n)`, or `load_balancer=`
+whose local batch size it reads), the average is weighted: sum_i(n_i g_i) / sum_i(n_i), the
+gradient of the mean loss over the union of the ranks' uneven batches when each rank's loss
+is the mean over its own n_i samples. The count is read when each step runs (on the host,
+see backends/step_weight.py), not when Keras traces the step, so it may change every step.
 """
 
 import contextlib
@@ -18,11 +24,13 @@ import keras
 
 from ..common.local_layers import local_layer_variables
 from ..common.mixed_classes import mixed_class
-from ..common.reduce_ops import Average
+from ..common.reduce_ops import Average, as_reduce_op
 from ..common.scaling import Reduction, gradient_reduction
 from ..core import runtime
+from ..core.load_balance import sample_count
 from ..core.process_sets import ProcessSet, global_process_set, is_job
 from . import backends
+from .backends.step_weight import StepWeight
 from .compression import Compression
 from .mpi_ops import allreduce_gradients
 
@@ -38,9 +46,18 @@ class _DistributedOptimizer:
     _hvdplus_local = frozenset()  # ids of variables whose gradients stay on this rank
     _hvdplus_scale_local = True
     _hvdplus_reduced_by_caller = False
+    _hvdplus_local_samples = None  # this rank's samples per step, where given
+    _hvdplus_load_balancer = None
+    _hvdplus_weighted = False  # whether the step's all-reduce reads a count (fixed once traced)
+    _hvdplus_traced_plain = False  # whether a compiled step holds the unweighted all-reduce
 
     def _hvdplus_configure(self, op, backward_passes_per_step, average_aggregated_gradients,
-                           gradient_predivide_factor, compression=None, process_set=None):
+                           gradient_predivide_factor, compression=None, process_set=None, local_samples=None,
+                           load_balancer=None):
+        if local_samples is not None or load_balancer is not None:
+            _check_weighted_op(op, "DistributedOptimizer(local_samples=, load_balancer=)")
+        self._hvdplus_local_samples, self._hvdplus_load_balancer = local_samples, load_balancer
+        self._hvdplus_weighted = local_samples is not None or load_balancer is not None
         if process_set is not None and not isinstance(process_set, ProcessSet):
             raise TypeError(f"DistributedOptimizer: process_set must be an hvdplus ProcessSet, "
                             f"got {type(process_set).__name__}")
@@ -78,6 +95,41 @@ class _DistributedOptimizer:
         summed_passes = backward_passes_per_step if summed else 1
         self._hvdplus_reduction = gradient_reduction(op, gradient_predivide_factor, self._hvdplus_size(),
                                                      summed_passes)
+        # A weighted average divides by the weights' total, in float32 or wider: no predivide.
+        self._hvdplus_weighted_reduction = gradient_reduction(Average, 1.0, self._hvdplus_size(), summed_passes)
+
+    def set_local_samples(self, samples):
+        """Average the gradients of the coming steps weighted by `samples`, this rank's number
+        of samples in each: sum_i(n_i g_i) / sum_i(n_i). It is read when each step runs, so a
+        callback's `on_train_batch_begin` may set it for every batch of `model.fit`; it holds
+        until set again and takes precedence over `load_balancer=`. None goes back to the
+        balancer's count where one was given, else to the plain average.
+
+        Args:
+            samples: a number of 0 or more (not 0 on every rank), checked on every rank when
+                the gradients are reduced, so that a bad one raises on all of them.
+        """
+        if samples is not None:
+            _check_weighted_op(self._hvdplus_options[0], "DistributedOptimizer.set_local_samples()")
+            if not self._hvdplus_weighted and self._hvdplus_traced_plain:
+                raise RuntimeError(
+                    f"DistributedOptimizer.set_local_samples({samples}): the training step was already compiled "
+                    "with the plain average, which reads no count; give local_samples= (or load_balancer=) when "
+                    "wrapping the optimizer, or set the count before the first step")
+            self._hvdplus_weighted = True
+        self._hvdplus_local_samples = samples
+
+    def _hvdplus_count(self):
+        """This step's weight: the count set, else the balancer's local batch size, else None."""
+        return sample_count(self._hvdplus_local_samples, self._hvdplus_load_balancer)
+
+    def _hvdplus_step_weight(self, grads):
+        """The StepWeight the backends read this step's count through (None: unweighted)."""
+        if self._hvdplus_weighted:
+            return StepWeight(self._hvdplus_count, self._hvdplus_weighted_reduction)
+        if backends.for_backend(keras.backend.backend()).traced([g for g in grads if g is not None]):
+            self._hvdplus_traced_plain = True
+        return None
 
     def apply(self, grads, trainable_variables=None):
         if self._hvdplus_reduces() and not self._hvdplus_reduced_by_caller:
@@ -98,7 +150,7 @@ class _DistributedOptimizer:
         # Without compression a gradient stays the very tensor (torch's .grad, reduced in place).
         wires = [(None, None) if g is None else compression.compress(g) for g in grads]
         reduced = allreduce_gradients([wire for wire, _ in wires], list(variables), op, prescale, postscale,
-                                      self._hvdplus_process_set)
+                                      self._hvdplus_process_set, self._hvdplus_step_weight(grads))
         grads = [r if r is None else compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
         divisor = self._hvdplus_size() if self._hvdplus_scale_local else 1
         for i, grad in kept.items():
@@ -116,6 +168,13 @@ class _DistributedOptimizer:
             self._hvdplus_reduced_by_caller = False
 
 
+def _check_weighted_op(op, what: str) -> None:
+    """Weighting by sample counts is an average: ValueError for another op."""
+    if as_reduce_op(op) != Average:
+        raise ValueError(f"{what}: weighting gradients by local sample counts needs op=Average, got "
+                         f"op={as_reduce_op(op).label}")
+
+
 def distributed_class(optimizer_class):
     """The hvdplus subclass of a Keras optimizer class (one per class, kept)."""
     return mixed_class(_DistributedOptimizer, optimizer_class)
@@ -123,7 +182,8 @@ def distributed_class(optimizer_class):
 
 def DistributedOptimizer(optimizer, compression=None, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, gradient_predivide_factor=1.0,
-                         sparse_as_dense=False, process_set=global_process_set):
+                         sparse_as_dense=False, process_set=global_process_set, local_samples=None,
+                         load_balancer=None):
     """Wrap a Keras 3 optimizer so that the gradients it applies are all-reduced first.
 
     Args:
@@ -138,10 +198,16 @@ def DistributedOptimizer(optimizer, compression=None, op=Average, backward_passe
         sparse_as_dense: accepted for Horovod compatibility; Keras 3 hands dense gradients.
         process_set: the ranks whose gradients are averaged (the scale is from its size); the
             whole job by default. A rank outside the set applies its own gradients.
+        local_samples: this rank's number of samples per step (op Average only): the
+            gradients are averaged weighted by it, so that uneven local batches give the
+            gradient of the mean loss over all of them. `set_local_samples(n)` changes it.
+            Counts that are negative, or sum to zero, raise on every rank.
+        load_balancer: an hvdplus LoadBalancer whose `local_batch_size()`, read when each
+            step runs, is the count (when no count is set).
     """
     wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
     wrapped._hvdplus_configure(op, backward_passes_per_step, average_aggregated_gradients,
-                               gradient_predivide_factor, compression, process_set)
+                               gradient_predivide_factor, compression, process_set, local_samples, load_balancer)
     return wrapped
 
 

@@ -28,6 +28,7 @@ from ..common.local_layers import local_layer_variables
 from ..common.reduce_ops import Average, Sum, as_reduce_op
 from ..common.scaling import gradient_reduction
 from ..common.sparse import densified
+from ..core.load_balance import sample_count
 from ..core.process_sets import ProcessSet, global_process_set, size_in
 from .compression import Compression
 from .mpi_ops import grouped_allreduce
@@ -108,11 +109,7 @@ class _DistributedGradientTape:
 
     def _weight(self):
         """This step's weight: the count given, else the balancer's local batch size, else None."""
-        if self._local_samples is not None:
-            return self._local_samples
-        if self._load_balancer is not None:
-            return self._load_balancer.local_batch_size()
-        return None
+        return sample_count(self._local_samples, self._load_balancer)
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None):
         """`gradient()`'s gradients split as Horovod's tape splits them: the (source,

@@ -72,7 +72,8 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, process_set=global_process_set):
+                         num_groups=0, groups=None, process_set=global_process_set, local_samples=None,
+                         load_balancer=None):
     """Wrap a TensorFlow optimizer so that the gradients it applies are all-reduced, in
     Horovod's argument order.
 
@@ -94,7 +95,17 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         groups: likewise.
         process_set: the ranks whose gradients are averaged; the whole job by default. A rank
             outside the set applies its own gradients.
+        local_samples: this rank's samples per step, which weigh its gradients in the
+            average (op Average only); Keras 3 optimizers only (hvdplus.keras'
+            DistributedOptimizer says more).
+        load_balancer: an hvdplus LoadBalancer whose local batch size, read as each step
+            runs, is that count; Keras 3 optimizers only.
     """
+    weighted = local_samples is not None or load_balancer is not None
+    if weighted and (isinstance(optimizer, tf.compat.v1.train.Optimizer) or _is_tf_keras_optimizer(optimizer)):
+        raise ValueError(f"hvdplus.tensorflow.DistributedOptimizer: local_samples= and load_balancer= weigh the "
+                         f"gradients of Keras 3 optimizers, not of {type(optimizer).__name__}; compute the "
+                         "gradients with hvd.DistributedGradientTape(tape, local_samples=...) instead")
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         tape_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                             gradient_predivide_factor=gradient_predivide_factor, process_set=process_set)
@@ -122,7 +133,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         optimizer, compression=compression, op=op, backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients,
         gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
-        process_set=process_set)
+        process_set=process_set, local_samples=local_samples, load_balancer=load_balancer)
 
 
 def _is_tf_keras_optimizer(optimizer) -> bool:

@@ -13,6 +13,7 @@ tf = pytest.importorskip("tensorflow")
 import hvdplus.tensorflow as hvd  # noqa: E402
 from testkit.tensorflow_modes import MODES, run  # noqa: E402
 from testkit.weighted_reference import counts, numpy_weighted_average, values_of  # noqa: E402
+from testkit import weighted_reference  # noqa: E402
 
 STEPS = 10
 FEATURES, HIDDEN, OUTPUTS = 6, 16, 3
@@ -105,9 +106,7 @@ OPTIMIZERS = {"sgd-momentum": Momentum, "adam": Adam}
 
 
 def global_batches(total, steps=STEPS):
-    rng = np.random.default_rng(4321)
-    return [(rng.standard_normal((total, FEATURES)).astype("float32"),
-             rng.standard_normal((total, OUTPUTS)).astype("float32")) for _ in range(steps)]
+    return weighted_reference.global_batches(total, steps, FEATURES, OUTPUTS)
 
 
 def union_training(optimizer_name, batches):
@@ -162,12 +161,8 @@ def test_a_load_balancers_sizes_weigh_the_gradients_as_they_change(rank, size):
             loss = loss_of(variables, x[mine], y[mine])
         tape = hvd.DistributedGradientTape(tape, load_balancer=balancer)
         optimizer.apply(variables, tape.gradient(loss, variables))
-        # The last rank is slow for the first half of the run, then as fast as the others.
-        slow = 3.0 if rank == size - 1 and size > 1 and step < STEPS // 2 else 1.0
-        balancer.record(len(mine), len(mine) * 0.001 * slow)
-        history.append(balancer.rebalance())
-    if size > 1:
-        assert len({tuple(sizes) for sizes in history}) > 1 and min(history[0]) < global_batch / size - 2, history
+        history.append(weighted_reference.record_a_slow_start(balancer, len(mine), step, STEPS))
+    weighted_reference.assert_the_sizes_moved(history, global_batch, size)
     assert_same_weights(variables, union_training("sgd-momentum", batches))
 
 

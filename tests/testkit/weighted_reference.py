@@ -4,7 +4,8 @@ weighted average they should all-reduce to."""
 
 import numpy as np
 
-__all__ = ["COUNTS", "counts", "values_of", "numpy_weighted_average"]
+__all__ = ["COUNTS", "counts", "values_of", "numpy_weighted_average", "global_batches", "record_a_slow_start",
+           "assert_the_sizes_moved"]
 
 COUNTS = (5, 17, 42)  # uneven local batches, one per rank (round robin beyond three ranks)
 
@@ -23,3 +24,25 @@ def numpy_weighted_average(arrays, weights):
     """sum_i(w_i a_i) / sum_i(w_i), in float64."""
     weights = np.asarray(weights, dtype=np.float64)
     return sum(w * a.astype(np.float64) for w, a in zip(weights, arrays)) / weights.sum()
+
+
+def global_batches(total, steps, features, outputs):
+    """`steps` global batches of `total` samples, (x, y) in float32, the same on every rank."""
+    rng = np.random.default_rng(4321)
+    return [(rng.standard_normal((total, features)).astype("float32"),
+             rng.standard_normal((total, outputs)).astype("float32")) for _ in range(steps)]
+
+
+def record_a_slow_start(balancer, samples, step, steps):
+    """Record a made-up step time in which the last rank is 3x slow for the first half of the
+    run, then as fast as the others; rebalance and return the new sizes."""
+    process_set = balancer.process_set
+    slow = 3.0 if process_set.rank() == process_set.size() - 1 and step < steps // 2 else 1.0
+    balancer.record(samples, samples * 0.001 * slow)
+    return balancer.rebalance()
+
+
+def assert_the_sizes_moved(history, global_batch, size):
+    """The sizes after each step left the even split, and changed during the run."""
+    if size > 1:
+        assert len({tuple(sizes) for sizes in history}) > 1 and min(history[0]) < global_batch / size - 2, history

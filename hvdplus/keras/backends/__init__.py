@@ -1,10 +1,13 @@
 """The gradient all-reduce of each Keras backend, run inside that backend's training step.
 
 Each module has `grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor,
-name, process_set)`: the step's present gradients (what that backend hands the optimizer)
-and their variables in; the gradients all-reduced over `process_set` (None: the job) out,
-in that backend's kind of tensor. A module may also have `prepare_training()`, which
-prepare_training calls for every DistributedOptimizer made on its backend.
+name, process_set, weight)`: the step's present gradients (what that backend hands the
+optimizer) and their variables in; the gradients all-reduced over `process_set` (None: the
+job) out, in that backend's kind of tensor; with `weight` (a step_weight.StepWeight), averaged
+weighted by the count it reads when the step runs. `traced(tensors)` tells whether the
+gradients are placeholders of a step being compiled. A module may also have
+`prepare_training()`, which prepare_training calls for every DistributedOptimizer made on
+its backend.
 """
 
 import importlib

@@ -23,27 +23,34 @@ import numpy as np
 from jax.experimental import io_callback
 
 from ...common.packed_members import members_of
-from ...core import collectives
+from ...common.scaling import Reduction
+from .step_weight import reduce_on_host_async
 
 
-def grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor, name, process_set=None):
-    if not any(isinstance(t, jax.core.Tracer) for t in tensors):
+def grouped_allreduce(tensors, variables, op, prescale_factor, postscale_factor, name, process_set=None,
+                      weight=None):
+    reduction = Reduction(op, prescale_factor, postscale_factor)
+    if not traced(tensors):
         # Concrete arrays (the split step's, or an eager apply_gradients): reduced where they lie.
-        return collectives.grouped_allreduce_async([np.asarray(t) for t in tensors], name, op, prescale_factor,
-                                                   postscale_factor, process_set=process_set).wait()
+        return reduce_on_host_async([np.asarray(t) for t in tensors], name, reduction, process_set, weight).wait()
     packed_dtype = jnp.result_type(*tensors)
     packed = jnp.concatenate([jnp.ravel(t).astype(packed_dtype) for t in tensors])
     shapes = [tuple(t.shape) for t in tensors]
 
     def reduce_on_host(array):
         reduced = np.empty(array.shape, array.dtype)
-        collectives.grouped_allreduce_async(members_of(np.asarray(array), shapes), name, op, prescale_factor,
-                                            postscale_factor, outputs=members_of(reduced, shapes),
-                                            process_set=process_set).wait()
+        # The count is read here, as each step runs, not when the step was traced.
+        reduce_on_host_async(members_of(np.asarray(array), shapes), name, reduction, process_set, weight,
+                             outputs=members_of(reduced, shapes)).wait()
         return reduced
 
     reduced = io_callback(reduce_on_host, jax.ShapeDtypeStruct(packed.shape, packed_dtype), packed, ordered=True)
     return [piece.astype(t.dtype) for piece, t in zip(members_of(reduced, shapes), tensors)]
+
+
+def traced(tensors) -> bool:
+    """Whether `tensors` are tracers of a step being compiled (their values come later)."""
+    return any(isinstance(t, jax.core.Tracer) for t in tensors)
 
 
 def prepare_training():
