@@ -16,10 +16,9 @@ each averaging, as PeriodicModelAverager does, so a rank out of step raises on e
 import torch
 
 from ..common.averaging_schedule import AveragingSchedule
-from ..core.process_sets import global_process_set, ranks_in
+from ..core.process_sets import global_process_set
 from ..core.rank_agreement import require_same
-from .functions import broadcast_parameters
-from .model_averaging import OwnStateMixin, average_in_place, named_tensors
+from .model_averaging import OptimizerWrapper, average_in_place, named_tensors
 from .optimizer import _averages_here, wrapped_in
 
 __all__ = ["DiLoCo"]
@@ -28,7 +27,7 @@ __all__ = ["DiLoCo"]
 _OUTER_LR, _OUTER_MOMENTUM = 0.7, 0.9
 
 
-class _DiLoCo(OwnStateMixin):
+class _DiLoCo(OptimizerWrapper):
     """Mixed in before the inner optimizer's class, as DistributedOptimizer is."""
 
     def _diloco_setup(self, model_or_params, outer_optimizer, period, process_set, name):
@@ -40,11 +39,10 @@ class _DiLoCo(OwnStateMixin):
         self._diloco_here = _averages_here(process_set)
         if self._diloco_here:
             require_same({"period": self._diloco_schedule.period}, f"{name}.settings", "DiLoCo", process_set)
-            # The outer steps start from one theta_outer: ranks that started apart would stay apart.
-            broadcast_parameters([(f"{name}.{n}", p) for n, p in self._diloco_named],
-                                 ranks_in(process_set, "DiLoCo")[0], process_set=process_set)
         params = [p for _, p in self._diloco_named]
-        self._diloco_outer_params = [p.detach().clone() for p in params]
+        # theta_outer: the parameters as the first step finds them (after the user's
+        # broadcast_parameters, which may come after this wrapper is made), or as loaded.
+        self._diloco_outer_params = None
         if outer_optimizer is None:
             outer_optimizer = torch.optim.SGD(params, lr=_OUTER_LR, momentum=_OUTER_MOMENTUM, nesterov=True)
         elif not isinstance(outer_optimizer, torch.optim.Optimizer) and callable(outer_optimizer):
@@ -52,6 +50,8 @@ class _DiLoCo(OwnStateMixin):
         self.outer_optimizer = outer_optimizer
 
     def step(self, closure=None):
+        if self._diloco_outer_params is None:
+            self._diloco_outer_params = [p.detach().clone() for _, p in self._diloco_named]
         loss = super().step(closure)
         step, self._diloco_step = self._diloco_step, self._diloco_step + 1
         if self._diloco_here and self._diloco_schedule.averages_after(step):
@@ -77,14 +77,16 @@ class _DiLoCo(OwnStateMixin):
     _own_state_key = "diloco"
 
     def _own_state(self):
-        return {"step": self._diloco_step, "outer_params": [p.clone() for p in self._diloco_outer_params],
+        outer_params = None if self._diloco_outer_params is None else [p.clone() for p in self._diloco_outer_params]
+        return {"step": self._diloco_step, "outer_params": outer_params,
                 "outer_optimizer": self.outer_optimizer.state_dict()}
 
     def _load_own_state(self, state):
         self._diloco_step = int(state["step"])
-        with torch.no_grad():
-            for outer, saved in zip(self._diloco_outer_params, state["outer_params"]):
-                outer.copy_(saved)
+        saved = state["outer_params"]
+        self._diloco_outer_params = None if saved is None else [
+            p.detach().clone().to(device=param.device, dtype=param.dtype)
+            for p, (_, param) in zip(saved, self._diloco_named)]
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
 
 
@@ -93,8 +95,8 @@ def DiLoCo(inner_optimizer, model_or_params, outer_optimizer=None, period=500, p
     """Wrap `inner_optimizer` for DiLoCo: its steps are local, and after every `period` of
     them an outer optimizer steps on the change of the parameters averaged over the ranks.
 
-    The parameters are broadcast from the set's first rank when the wrapper is made, so that
-    every rank starts from the same theta_outer.
+    theta_outer starts as the parameters the first step() finds, which must be the same on
+    every rank: broadcast them first (hvd.broadcast_parameters), as for DistributedOptimizer.
 
     Args:
         inner_optimizer: any torch.optim optimizer (the paper's is AdamW); its state stays local.

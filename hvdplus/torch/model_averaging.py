@@ -27,7 +27,7 @@ from ..core.rank_agreement import require_same
 from .mpi_ops import grouped_allreduce_async_
 from .optimizer import _averages_here, _parameter_names, wrapped_in
 
-__all__ = ["PeriodicModelAverager", "LocalSGD", "named_tensors", "average_in_place", "OwnStateMixin"]
+__all__ = ["PeriodicModelAverager", "LocalSGD", "named_tensors", "average_in_place", "OptimizerWrapper"]
 
 
 def named_tensors(params_or_module):
@@ -127,11 +127,17 @@ class PeriodicModelAverager:
         return True
 
 
-class OwnStateMixin:
-    """For optimizer wrappers with a state of their own: `state_dict()` carries it under
-    `_own_state_key` beside the wrapped optimizer's, and `load_state_dict()` restores it."""
+class OptimizerWrapper:
+    """For optimizer wrappers whose step() does more than the wrapped optimizer's and that have
+    a state of their own: `state_dict()` carries that state under `_own_state_key` beside the
+    wrapped optimizer's, `load_state_dict()` restores it, and `_hvdplus_local_step()` is the
+    wrapped optimizer's step alone (broadcast_optimizer_state primes a fresh optimizer so, on
+    the ranks that need it)."""
 
     _own_state_key = "own_state"
+
+    def _hvdplus_local_step(self):
+        return super().step()
 
     def state_dict(self):
         state = super().state_dict()
@@ -146,7 +152,7 @@ class OwnStateMixin:
             self._load_own_state(own)
 
 
-class _LocalSGD(OwnStateMixin):
+class _LocalSGD(OptimizerWrapper):
     """Mixed in before the user's optimizer class, as DistributedOptimizer is, so the wrapped
     optimizer stays an instance of that class (schedulers, state_dict and isinstance keep
     working)."""

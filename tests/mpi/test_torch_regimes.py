@@ -36,11 +36,11 @@ def flat(model):
     return torch.cat([model.weight.detach().view(-1), model.bias.detach()]).numpy().copy()
 
 
-def train(model, optimizer, steps, after_step=None):
-    """This rank's parameters after each of `steps` steps on its own data (rank_data)."""
+def train(model, optimizer, steps, after_step=None, start=0):
+    """This rank's parameters after each of steps `start` to `steps - 1` on its own data (rank_data)."""
     x, y = (torch.from_numpy(array) for array in rank_data(hvd.rank(), steps))
     trajectory = []
-    for step in range(steps):
+    for step in range(start, steps):
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x[step]), y[step].view(-1, 1)).backward()
         optimizer.step()
@@ -132,6 +132,44 @@ def test_diloco_takes_an_outer_optimizer_of_ones_own(rank, size):
                            outer_optimizer=outer, period=period)
     replay = replay_diloco(lambda: Sgd(LR), size, steps, period, lambda: Sgd(0.5))
     assert_follows(train(model, optimizer, steps), replay, rank)
+
+
+def trained_in_two_runs(wrap, steps, stop):
+    """This rank's trajectory of `steps` steps, taken as `stop` steps by one wrapped optimizer
+    (`wrap(model)`), then the rest by a fresh one on a fresh model that loads the first's
+    parameters and state_dict(), as a resumed job does."""
+    model = make_model()
+    first = wrap(model)
+    before = train(model, first, stop)
+    resumed_model = make_model()
+    resumed_model.load_state_dict(model.state_dict())
+    resumed = wrap(resumed_model)
+    resumed.load_state_dict(first.state_dict())
+    return np.concatenate([before, train(resumed_model, resumed, steps, start=stop)])
+
+
+def test_local_sgd_resumes_from_its_state_dict_between_averagings(rank, size):
+    torch_adam, replay_adam = OPTIMIZERS["adam"]
+    steps, period, warmup = 10, 4, 3
+
+    def wrap(model):
+        return hvd.LocalSGD(torch_adam(model.parameters()), model, period=period, warmup_steps=warmup,
+                            average_optimizer_state=True)
+
+    replay = replay_local_sgd(replay_adam, size, steps, period, warmup, average_state=True)
+    assert_follows(trained_in_two_runs(wrap, steps, stop=5), replay, rank)
+
+
+def test_diloco_resumes_from_its_state_dict_between_outer_steps(rank, size):
+    torch_sgd, replay_sgd = OPTIMIZERS["sgd-momentum"]
+    steps, period = 15, 5
+
+    def wrap(model):
+        return hvd.DiLoCo(torch_sgd(model.parameters()), model, period=period)
+
+    # Stopped after step 7: theta_outer and the outer momentum of the first two outer steps must carry over.
+    replay = replay_diloco(replay_sgd, size, steps, period, lambda: Sgd(0.7, momentum=0.9, nesterov=True))
+    assert_follows(trained_in_two_runs(wrap, steps, stop=8), replay, rank)
 
 
 @pytest.fixture
