@@ -175,7 +175,8 @@ def test_diloco_resumes_from_its_state_dict_between_outer_steps(rank, size):
 @pytest.fixture
 def job_still_works_afterwards(size):
     yield
-    np.testing.assert_array_equal(hvd.allreduce(np.ones(3), op=hvd.Sum, name="regimes.after"), np.full(3, size))
+    summed = hvd.allreduce(torch.ones(3, dtype=torch.float64), op=hvd.Sum, name="regimes.after")
+    np.testing.assert_array_equal(summed.numpy(), np.full(3, size))
 
 
 @pytest.mark.skipif(hvd.size() < 2, reason="ranks out of step need two ranks")

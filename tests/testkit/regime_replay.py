@@ -18,11 +18,13 @@ THETA0 = np.array([0.5, -0.25, 0.125, 0.1])  # the same start on every rank: wei
 
 def rank_data(rank, steps):
     """Rank `rank`'s batches: (x of shape (steps, BATCH, FEATURES), y of shape (steps, BATCH)),
-    a different linear target per rank, so that the ranks' models drift apart between averagings."""
+    a different linear target per rank, so that the ranks' models drift apart between averagings.
+    Fewer steps give the first batches of more."""
     rng = np.random.default_rng(1000 + rank)
-    x = rng.standard_normal((steps, BATCH, FEATURES))
     target = rng.standard_normal(FEATURES + 1)
-    y = x @ target[:-1] + target[-1] + 0.1 * rng.standard_normal((steps, BATCH))
+    batches = [(rng.standard_normal((BATCH, FEATURES)), 0.1 * rng.standard_normal(BATCH)) for _ in range(steps)]
+    x = np.array([batch for batch, _ in batches]).reshape(steps, BATCH, FEATURES)
+    y = x @ target[:-1] + target[-1] + np.array([noise for _, noise in batches]).reshape(steps, BATCH)
     return x, y
 
 
