@@ -16,7 +16,11 @@ from testkit.programs import program
 pytestmark = pytest.mark.mpi
 
 
-MPI_SUITES = sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, "tests", "mpi", "test_*.py")))
+# Suites that a test file of their own runs (tests/test_training_regimes.py), at the sizes it names.
+RUN_ELSEWHERE = {"tests/mpi/test_torch_regimes.py"}
+MPI_SUITES = sorted(suite for suite in (os.path.relpath(path, REPO) for path in
+                                        glob.glob(os.path.join(REPO, "tests", "mpi", "test_*.py")))
+                    if suite not in RUN_ELSEWHERE)
 
 
 TF_SUITES = [suite for suite in MPI_SUITES if os.path.basename(suite).startswith("test_tf_")]

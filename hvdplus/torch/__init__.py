@@ -13,8 +13,10 @@ from ..core.load_balance import LoadBalancer
 from . import elastic
 from .balanced_sampler import BalancedSampler
 from .compression import Compression
+from .diloco import DiLoCo
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import *  # noqa: F401,F403 (the collectives, as mpi_ops.__all__ lists them)
+from .model_averaging import LocalSGD, PeriodicModelAverager
 from .mpi_ops import __all__ as _MPI_OPS
 from .optimizer import DistributedOptimizer
 from .p2p import recv, recv_async, send, send_async
@@ -25,4 +27,5 @@ __all__ = [
     "elastic", "LoadBalancer", "BalancedSampler",
     "Join", "Compression", "allgather_object", "broadcast_object", "broadcast_optimizer_state",
     "broadcast_parameters", "DistributedOptimizer", "recv", "recv_async", "send", "send_async", "SyncBatchNorm",
+    "PeriodicModelAverager", "LocalSGD", "DiLoCo",
 ]

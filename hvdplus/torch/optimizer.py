@@ -39,7 +39,7 @@ from .compression import Compression
 from .functions import broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "wrapped_in"]
 
 # Fusion group size where the engine thread has a core of its own: small enough that the
 # first groups are all-reduced while backward still runs, large enough to keep the
@@ -439,6 +439,16 @@ def _fusion_groups(params, groups):
     return by_param
 
 
+def wrapped_in(optimizer, mixin):
+    """A copy of `optimizer` whose class is `mixin` before the optimizer's own, sharing its
+    parameters, state and hooks, so it stays an instance of that class (schedulers,
+    state_dict and isinstance keep working)."""
+    cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    return wrapped
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set,
@@ -464,9 +474,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """
     if num_groups and groups is None:
         groups = num_groups
-    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
-    wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped = wrapped_in(optimizer, _DistributedOptimizer)
     wrapped._hvdplus_setup(named_parameters, compression, backward_passes_per_step, op,
                            gradient_predivide_factor, groups, sparse_as_dense, process_set, load_balancer)
     return wrapped

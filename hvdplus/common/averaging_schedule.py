@@ -1,0 +1,73 @@
+"""When periodic model averaging averages: the step counting of local SGD and DiLoCo.
+
+Steps count from 0, one per optimizer step. As in torch's `PeriodicModelAverager` and
+`PostLocalSGDOptimizer`, the first `warmup_steps` steps are synchronous (their gradients are
+averaged, so the ranks' parameters stay equal), and from step `warmup_steps` on the parameters
+are averaged after steps warmup_steps, warmup_steps + period, warmup_steps + 2 * period, ... A
+DiLoCo outer step follows every `period` inner steps: the same schedule with
+`warmup_steps = period - 1` (after steps period - 1, 2 * period - 1, ...).
+
+Every rank computes the same schedule from the same settings; `differences` turns the settings
+and steps the ranks gathered into the message each of them raises when they are not alike.
+"""
+
+import numbers
+from typing import Optional, Sequence
+
+__all__ = ["AveragingSchedule", "differences"]
+
+
+def _count(value, what: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{what} must be an integer of at least {least}, got {value!r}")
+    return int(value)
+
+
+class AveragingSchedule:
+    """Which steps are synchronous and after which ones the parameters are averaged.
+
+    Args:
+        period: steps between two averagings (1 or more).
+        warmup_steps: synchronous steps before the first local one (0 or more).
+        what: the caller's name, for the errors.
+    """
+
+    def __init__(self, period: int, warmup_steps: int = 0, what: str = "PeriodicModelAverager"):
+        self.period = _count(period, f"{what}: period", 1)
+        self.warmup_steps = _count(warmup_steps, f"{what}: warmup_steps", 0)
+
+    @classmethod
+    def after_every(cls, period: int, what: str) -> "AveragingSchedule":
+        """The schedule of an average after every `period` steps: after steps period - 1,
+        2 * period - 1, ... (DiLoCo's outer steps)."""
+        return cls(period, _count(period, f"{what}: period", 1) - 1, what)
+
+    def synchronous(self, step: int) -> bool:
+        """Whether `step` averages its gradients (a warm-up step)."""
+        return step < self.warmup_steps
+
+    def averages_after(self, step: int) -> bool:
+        """Whether the parameters are averaged after `step`."""
+        return step >= self.warmup_steps and (step - self.warmup_steps) % self.period == 0
+
+
+def differences(columns: Sequence[str], rows: Sequence[Sequence[int]], ranks: Sequence[int]) -> Optional[str]:
+    """None where every rank's row is the same, else what differs, by column and rank:
+    "step: rank 0 has 4, ranks 1, 2 have 6".
+
+    Args:
+        columns: the name of each column.
+        rows: one row of numbers per rank, in the order of `ranks`.
+        ranks: the job rank of each row.
+    """
+    parts = []
+    for column, name in enumerate(columns):
+        by_value = {}
+        for rank, row in zip(ranks, rows):
+            by_value.setdefault(int(row[column]), []).append(rank)
+        if len(by_value) > 1:
+            listed = ", ".join(f"rank {who[0]} has {value}" if len(who) == 1
+                               else f"ranks {', '.join(map(str, who))} have {value}"
+                               for value, who in by_value.items())
+            parts.append(f"{name}: {listed}")
+    return "; ".join(parts) or None

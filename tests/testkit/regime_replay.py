@@ -1,0 +1,133 @@
+"""The numpy replay of the training regimes (tests/mpi/test_torch_regimes.py): every rank's data
+(seeded by its rank alone), a linear model's least-squares gradient, SGD with momentum and Adam
+written out in numpy, and the regimes themselves (synchronous, local SGD, DiLoCo) over all the
+ranks at once. No framework and no hvdplus: the in-rank tests hold a real run's trajectory to
+this one.
+
+A model here is one flat float64 vector theta = (w_1, ..., w_F, b) of y ~ x @ w + b, and its loss
+is the mean squared error over a batch, as torch.nn.functional.mse_loss computes it."""
+
+import numpy as np
+
+__all__ = ["FEATURES", "BATCH", "THETA0", "rank_data", "gradient", "Sgd", "Adam",
+           "replay_synchronous", "replay_local_sgd", "replay_diloco"]
+
+FEATURES, BATCH = 3, 8
+THETA0 = np.array([0.5, -0.25, 0.125, 0.1])  # the same start on every rank: weights, then bias
+
+
+def rank_data(rank, steps):
+    """Rank `rank`'s batches: (x of shape (steps, BATCH, FEATURES), y of shape (steps, BATCH)),
+    a different linear target per rank, so that the ranks' models drift apart between averagings.
+    Fewer steps give the first batches of more."""
+    rng = np.random.default_rng(1000 + rank)
+    target = rng.standard_normal(FEATURES + 1)
+    batches = [(rng.standard_normal((BATCH, FEATURES)), 0.1 * rng.standard_normal(BATCH)) for _ in range(steps)]
+    x = np.array([batch for batch, _ in batches]).reshape(steps, BATCH, FEATURES)
+    y = x @ target[:-1] + target[-1] + np.array([noise for _, noise in batches]).reshape(steps, BATCH)
+    return x, y
+
+
+def gradient(theta, x, y):
+    """d/dtheta of mean((x @ w + b - y) ** 2)."""
+    residual = x @ theta[:-1] + theta[-1] - y
+    return np.concatenate([2 * x.T @ residual, [2 * residual.sum()]]) / len(y)
+
+
+class Sgd:
+    """torch.optim.SGD without dampening or weight decay."""
+
+    def __init__(self, lr, momentum=0.0, nesterov=False):
+        self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
+        self.buffer = None
+
+    def step(self, theta, grad):
+        if self.momentum:
+            self.buffer = grad.copy() if self.buffer is None else self.momentum * self.buffer + grad
+            grad = grad + self.momentum * self.buffer if self.nesterov else self.buffer
+        return theta - self.lr * grad
+
+    @property
+    def state(self):
+        return [] if self.buffer is None else [self.buffer]
+
+    @state.setter
+    def state(self, arrays):
+        if arrays:
+            (self.buffer,) = arrays
+
+
+class Adam:
+    """torch.optim.Adam without weight decay or amsgrad."""
+
+    def __init__(self, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.lr, (self.beta1, self.beta2), self.eps = lr, betas, eps
+        self.steps, self.m, self.v = 0, 0.0, 0.0
+
+    def step(self, theta, grad):
+        self.steps += 1
+        self.m = self.beta1 * self.m + (1 - self.beta1) * grad
+        self.v = self.beta2 * self.v + (1 - self.beta2) * grad * grad
+        denominator = np.sqrt(self.v) / np.sqrt(1 - self.beta2 ** self.steps) + self.eps
+        return theta - self.lr / (1 - self.beta1 ** self.steps) * self.m / denominator
+
+    @property
+    def state(self):
+        return [self.m, self.v]
+
+    @state.setter
+    def state(self, arrays):
+        self.m, self.v = arrays
+
+
+def _mean(arrays):
+    return sum(arrays) / len(arrays)
+
+
+def replay_local_sgd(make_optimizer, nranks, steps, period, warmup_steps, average_state=False):
+    """Every rank's parameters after each step of post-local SGD: steps before `warmup_steps`
+    apply the ranks' mean gradient; after steps warmup_steps, warmup_steps + period, ... the
+    parameters (and, with `average_state`, the optimizers' states) become the ranks' mean.
+    Returns an array of shape (nranks, steps, FEATURES + 1)."""
+    data = [rank_data(rank, steps) for rank in range(nranks)]
+    thetas = [THETA0.copy() for _ in range(nranks)]
+    optimizers = [make_optimizer() for _ in range(nranks)]
+    trajectory = np.zeros((nranks, steps, len(THETA0)))
+    for step in range(steps):
+        grads = [gradient(thetas[rank], data[rank][0][step], data[rank][1][step]) for rank in range(nranks)]
+        if step < warmup_steps:
+            grads = [_mean(grads)] * nranks
+        thetas = [optimizers[rank].step(thetas[rank], grads[rank]) for rank in range(nranks)]
+        if step >= warmup_steps and (step - warmup_steps) % period == 0:
+            thetas = [_mean(thetas)] * nranks
+            if average_state:
+                states = [_mean(parts) for parts in zip(*(optimizer.state for optimizer in optimizers))]
+                for optimizer in optimizers:
+                    optimizer.state = [array.copy() for array in states]
+        trajectory[:, step] = thetas
+    return trajectory
+
+
+def replay_synchronous(make_optimizer, nranks, steps):
+    """Synchronous data parallelism: every step applies the ranks' mean gradient."""
+    return replay_local_sgd(make_optimizer, nranks, steps, period=1, warmup_steps=steps)
+
+
+def replay_diloco(make_inner, nranks, steps, period, make_outer):
+    """DiLoCo: local inner steps; after every `period` of them the outer optimizer steps from
+    the last outer parameters along the ranks' mean of (last outer parameters - parameters),
+    and every rank takes the result. The inner optimizers' states stay local."""
+    data = [rank_data(rank, steps) for rank in range(nranks)]
+    outer_theta = THETA0.copy()
+    outer = make_outer()
+    thetas = [THETA0.copy() for _ in range(nranks)]
+    inners = [make_inner() for _ in range(nranks)]
+    trajectory = np.zeros((nranks, steps, len(THETA0)))
+    for step in range(steps):
+        thetas = [inners[rank].step(thetas[rank], gradient(thetas[rank], data[rank][0][step], data[rank][1][step]))
+                  for rank in range(nranks)]
+        if (step + 1) % period == 0:
+            outer_theta = outer.step(outer_theta, _mean([outer_theta - theta for theta in thetas]))
+            thetas = [outer_theta.copy() for _ in range(nranks)]
+        trajectory[:, step] = thetas
+    return trajectory
