@@ -24,11 +24,12 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from ..common.batch_sizes import balanced_sizes, departures, moves_enough
+from ..common.reduce_ops import Average, as_reduce_op
 from .collectives import allgather
 from .process_sets import global_process_set, ranks_in
 from .runtime import current
 
-__all__ = ["LoadBalancer", "sample_count"]
+__all__ = ["LoadBalancer", "check_weighted_op", "sample_count"]
 
 _log = logging.getLogger("hvdplus.load_balance")
 # A rank with no share of a full batch weighs this little when a short batch is split: nothing.
@@ -41,6 +42,14 @@ def sample_count(local_samples, load_balancer: Optional["LoadBalancer"]):
     if local_samples is not None:
         return local_samples
     return None if load_balancer is None else load_balancer.local_batch_size()
+
+
+def check_weighted_op(op, what: str) -> None:
+    """Weighting gradients by sample counts is an average: ValueError naming `what` for any
+    other op."""
+    if as_reduce_op(op) != Average:
+        raise ValueError(f"{what}: weighting gradients by local sample counts needs op=Average, got "
+                         f"op={as_reduce_op(op).label}")
 
 
 class LoadBalancer:

@@ -24,10 +24,10 @@ import keras
 
 from ..common.local_layers import local_layer_variables
 from ..common.mixed_classes import mixed_class
-from ..common.reduce_ops import Average, as_reduce_op
+from ..common.reduce_ops import Average
 from ..common.scaling import Reduction, gradient_reduction
 from ..core import runtime
-from ..core.load_balance import sample_count
+from ..core.load_balance import check_weighted_op, sample_count
 from ..core.process_sets import ProcessSet, global_process_set, is_job
 from . import backends
 from .backends.step_weight import StepWeight
@@ -55,7 +55,7 @@ class _DistributedOptimizer:
                            gradient_predivide_factor, compression=None, process_set=None, local_samples=None,
                            load_balancer=None):
         if local_samples is not None or load_balancer is not None:
-            _check_weighted_op(op, "DistributedOptimizer(local_samples=, load_balancer=)")
+            check_weighted_op(op, "DistributedOptimizer(local_samples=, load_balancer=)")
         self._hvdplus_local_samples, self._hvdplus_load_balancer = local_samples, load_balancer
         self._hvdplus_weighted = local_samples is not None or load_balancer is not None
         if process_set is not None and not isinstance(process_set, ProcessSet):
@@ -110,7 +110,7 @@ class _DistributedOptimizer:
                 the gradients are reduced, so that a bad one raises on all of them.
         """
         if samples is not None:
-            _check_weighted_op(self._hvdplus_options[0], "DistributedOptimizer.set_local_samples()")
+            check_weighted_op(self._hvdplus_options[0], "DistributedOptimizer.set_local_samples()")
             if not self._hvdplus_weighted and self._hvdplus_traced_plain:
                 raise RuntimeError(
                     f"DistributedOptimizer.set_local_samples({samples}): the training step was already compiled "
@@ -166,13 +166,6 @@ class _DistributedOptimizer:
             yield
         finally:
             self._hvdplus_reduced_by_caller = False
-
-
-def _check_weighted_op(op, what: str) -> None:
-    """Weighting by sample counts is an average: ValueError for another op."""
-    if as_reduce_op(op) != Average:
-        raise ValueError(f"{what}: weighting gradients by local sample counts needs op=Average, got "
-                         f"op={as_reduce_op(op).label}")
 
 
 def distributed_class(optimizer_class):

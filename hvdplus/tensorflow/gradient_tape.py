@@ -28,7 +28,7 @@ from ..common.local_layers import local_layer_variables
 from ..common.reduce_ops import Average, Sum, as_reduce_op
 from ..common.scaling import gradient_reduction
 from ..common.sparse import densified
-from ..core.load_balance import sample_count
+from ..core.load_balance import check_weighted_op, sample_count
 from ..core.process_sets import ProcessSet, global_process_set, size_in
 from .compression import Compression
 from .mpi_ops import grouped_allreduce
@@ -54,9 +54,8 @@ class _DistributedGradientTape:
         op = as_reduce_op(op)
         if op not in (Average, Sum):
             raise ValueError(f"DistributedGradientTape takes op Average or Sum, got {op.label}")
-        if (local_samples is not None or load_balancer is not None) and op != Average:
-            raise ValueError("DistributedGradientTape: weighting gradients by local sample counts (local_samples=, "
-                             f"load_balancer=) needs op=Average, got op={op.label}")
+        if local_samples is not None or load_balancer is not None:
+            check_weighted_op(op, "DistributedGradientTape(local_samples=, load_balancer=)")
         self._local_samples, self._load_balancer = local_samples, load_balancer
         # Outside the set there is nothing to reduce with (Horovod's tape leaves such a rank's
         # gradients as they are); inside it, Average and the predivide factor use its size.

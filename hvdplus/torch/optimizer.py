@@ -34,6 +34,7 @@ from ..common.scaling import Reduction, gradient_reduction
 from ..common.sparse import gathered
 from ..core import runtime
 from ..core.join import JoinHook
+from ..core.load_balance import check_weighted_op
 from ..core.process_sets import global_process_set, is_job, overlaps_in, size_in
 from .compression import Compression
 from .functions import broadcast_optimizer_state, broadcast_parameters
@@ -56,7 +57,7 @@ class _DistributedOptimizer:
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
         if load_balancer is not None:
-            _check_weighted_op(op, "DistributedOptimizer(load_balancer=...)")
+            check_weighted_op(op, "DistributedOptimizer(load_balancer=...)")
         self._load_balancer = load_balancer
         self._local_samples = None  # set_local_samples(n): this rank's samples per step, once given
         self._step_weight = None  # the weight of the step whose gradients are being submitted
@@ -132,7 +133,7 @@ class _DistributedOptimizer:
                 every rank when the gradients are reduced, so a bad one raises on all.
         """
         if samples is not None:
-            _check_weighted_op(self._op, "DistributedOptimizer.set_local_samples()")
+            check_weighted_op(self._op, "DistributedOptimizer.set_local_samples()")
         if self._submitted and samples != self._step_weight:
             raise RuntimeError(
                 f"DistributedOptimizer.set_local_samples({samples}): this step's gradients are already being "
@@ -355,12 +356,6 @@ class _DistributedOptimizer:
                 "zero the gradients before backward, or call step() first"
             )
         return super().zero_grad(set_to_none)
-
-
-def _check_weighted_op(op, what: str) -> None:
-    """Weighting by sample counts is an average: ValueError for another op."""
-    if op != Average:
-        raise ValueError(f"{what}: weighting gradients by local sample counts needs op=Average, got op={op}")
 
 
 def _averages_here(process_set) -> bool:
