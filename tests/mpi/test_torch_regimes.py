@@ -147,7 +147,9 @@ def trained_in_two_runs(wrap, steps, stop):
     resumed_model.load_state_dict(model.state_dict())
     resumed = wrap(resumed_model)
     resumed.load_state_dict(first.state_dict())
-    return np.concatenate([before, train(resumed_model, resumed, steps, start=stop)])
+    after = train(resumed_model, resumed, steps, start=stop)
+    resumed.state_dict()  # a delayed optimizer's last all-reduces finish here (see train_delayed)
+    return np.concatenate([before, after])
 
 
 def test_local_sgd_resumes_from_its_state_dict_between_averagings(rank, size):
@@ -219,13 +221,20 @@ def delayed(model, optimizer_name="sgd-momentum", **kwargs):
                                     named_parameters=model.named_parameters(), staleness=1, **kwargs)
 
 
+def finished(optimizer, trajectory):
+    """`trajectory`, once the last step's all-reduces, which no step applies, have finished
+    (state_dict() waits for them): the next test's optimizer submits the same names."""
+    optimizer.state_dict()
+    return trajectory
+
+
 @pytest.mark.parametrize("optimizer_name", list(STALE_OPTIMIZERS))
 def test_staleness_one_applies_the_previous_steps_averaged_gradients(optimizer_name, rank, size):
     steps = 8
     model = make_model()
     optimizer = delayed(model, optimizer_name)
     assert isinstance(optimizer, torch.optim.SGD if optimizer_name.startswith("sgd") else torch.optim.Adam)
-    trajectory = train(model, optimizer, steps)
+    trajectory = finished(optimizer, train(model, optimizer, steps))
     np.testing.assert_array_equal(trajectory[0], THETA0)  # step 0 only sends its gradients
     replay = replay_delayed(STALE_OPTIMIZERS[optimizer_name][1], size, steps)
     assert_follows(trajectory, replay, rank)
@@ -240,7 +249,8 @@ def test_staleness_one_applies_the_previous_steps_averaged_gradients(optimizer_n
 @pytest.mark.parametrize("groups", [None, 0], ids=["fused", "one-by-one"])
 def test_staleness_keeps_every_ranks_parameters_identical(groups, rank, size):
     model = make_model()
-    trajectory = torch.from_numpy(train(model, delayed(model, groups=groups), steps=7))
+    optimizer = delayed(model, groups=groups)
+    trajectory = torch.from_numpy(finished(optimizer, train(model, optimizer, steps=7)))
     everyones = hvd.allgather(trajectory[None], name=f"staleness.identical.{groups}").numpy()
     assert everyones.shape == (size, 7, FEATURES + 1)
     for other in range(size):
@@ -265,7 +275,8 @@ def test_staleness_with_accumulated_passes_matches_the_replay(rank, size):
             loss.backward()
         optimizer.step()
         trajectory.append(flat(model))
-    assert_follows(np.array(trajectory), replay_delayed(STALE_OPTIMIZERS["sgd-momentum"][1], size, steps), rank)
+    replay = replay_delayed(STALE_OPTIMIZERS["sgd-momentum"][1], size, steps)
+    assert_follows(finished(optimizer, np.array(trajectory)), replay, rank)
 
 
 def test_staleness_synchronize_puts_the_gradient_that_step_applies_in_grad(rank, size):
@@ -291,7 +302,7 @@ def test_staleness_synchronize_puts_the_gradient_that_step_applies_in_grad(rank,
         with optimizer.skip_synchronize():
             optimizer.step()
         trajectory.append(flat(model))
-    assert_follows(np.array(trajectory), replay, rank)
+    assert_follows(finished(optimizer, np.array(trajectory)), replay, rank)
 
 
 def test_staleness_resumes_from_its_state_dict_with_the_pending_gradients(rank, size):
