@@ -316,6 +316,21 @@ def test_staleness_resumes_from_its_state_dict_with_the_pending_gradients(rank, 
     assert state["steps"] == stop and len(state["gradients"]) == 2
 
 
+def test_staleness_on_a_process_set_delays_the_gradients_inside_and_outside_it(even_and_odd_sets, rank, size):
+    # Every rank wraps with the set of the even ranks: they average among themselves; an odd
+    # rank, outside it, applies its own gradients, one step late as well.
+    mine, other = even_and_odd_sets
+    evens = mine if rank % 2 == 0 else other
+    steps = 6
+    model = make_model()
+    optimizer = delayed(model, process_set=evens)
+    trajectory = finished(optimizer, train(model, optimizer, steps))
+    np.testing.assert_array_equal(trajectory[0], THETA0)
+    averaged = list(range(0, size, 2)) if rank % 2 == 0 else [rank]
+    replay = replay_delayed(STALE_OPTIMIZERS["sgd-momentum"][1], 1, steps, averaged=averaged)
+    assert_follows(trajectory, replay, 0)
+
+
 def test_staleness_refuses_what_it_does_not_support(size):
     model = make_model()
     with pytest.raises(ValueError, match="staleness must be 0 .* got 2"):

@@ -133,17 +133,18 @@ def replay_diloco(make_inner, nranks, steps, period, make_outer):
     return trajectory
 
 
-def replay_delayed(make_optimizer, nranks, steps):
+def replay_delayed(make_optimizer, nranks, steps, averaged=None):
     """Bounded staleness 1: step t computes the ranks' mean gradient at the current parameters
     and applies the mean gradient of step t-1; step 0 applies nothing, and the optimizer's own
-    state (momentum, Adam's step count) starts with step 1. Every rank holds the same parameters."""
-    data = [rank_data(rank, steps) for rank in range(nranks)]
+    state (momentum, Adam's step count) starts with step 1. Every rank holds the same parameters.
+    `averaged`: the ranks whose data they train on (default: ranks 0 to nranks - 1)."""
+    data = [rank_data(rank, steps) for rank in (range(nranks) if averaged is None else averaged)]
     theta = THETA0.copy()
     optimizer = make_optimizer()
     previous = None
     trajectory = np.zeros((nranks, steps, len(THETA0)))
     for step in range(steps):
-        grad = _mean([gradient(theta, data[rank][0][step], data[rank][1][step]) for rank in range(nranks)])
+        grad = _mean([gradient(theta, x[step], y[step]) for x, y in data])
         if previous is not None:
             theta = optimizer.step(theta, previous)
         previous = grad
