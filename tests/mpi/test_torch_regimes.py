@@ -316,6 +316,21 @@ def test_staleness_resumes_from_its_state_dict_with_the_pending_gradients(rank, 
     assert state["steps"] == stop and len(state["gradients"]) == 2
 
 
+def test_staleness_goes_on_through_broadcast_optimizer_state(rank, size):
+    # Once before training (which primes the momentum buffers with a step on zero gradients) and
+    # once in the middle, with every rank's last all-reduces in flight: rank 0's pending
+    # gradients, the same as everyone's, are what the next step applies.
+    steps, middle = 7, 3
+    model = make_model()
+    optimizer = delayed(model)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    before = train(model, optimizer, middle)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    after = finished(optimizer, train(model, optimizer, steps, start=middle))
+    replay = replay_delayed(STALE_OPTIMIZERS["sgd-momentum"][1], size, steps)
+    assert_follows(np.concatenate([before, after]), replay, rank)
+
+
 def test_staleness_on_a_process_set_delays_the_gradients_inside_and_outside_it(even_and_odd_sets, rank, size):
     # Every rank wraps with the set of the even ranks: they average among themselves; an odd
     # rank, outside it, applies its own gradients, one step late as well.
