@@ -124,9 +124,11 @@ class _DistributedOptimizer:
         # With staleness: the tensors that the gradients of the step being submitted are reduced
         # in (id(parameter) -> tensor), the previous step's (finishes, those tensors) still in
         # flight (None: nothing to apply next), and whether the coming step() applies any. A
-        # re-formed job's engine is new: what the old one had in flight is dropped.
+        # re-formed job's engine is new: all-reduces the old one had in flight are dropped, but
+        # gradients already there (hvdplus.elastic restores a commit before re-forming) are kept.
         self._delayed = {}
-        self._in_flight = None
+        in_flight = getattr(self, "_in_flight", None)
+        self._in_flight = in_flight if in_flight is not None and not in_flight[0] else None
         self._applies = False
         self._synchronized = False
         self._should_synchronize = True
