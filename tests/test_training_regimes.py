@@ -1,7 +1,7 @@
 """The training regimes beyond synchronous data parallelism (local SGD, PeriodicModelAverager,
-DiLoCo) on real ranks, each against a numpy replay of its algorithm: the in-rank suite
-tests/mpi/test_torch_regimes.py, at 2 and 3 ranks. A failure names the test, the rank and the
-assertion."""
+DiLoCo, DistributedOptimizer(staleness=1)) on real ranks, each against a numpy replay of its
+algorithm: the in-rank suite tests/mpi/test_torch_regimes.py, at 2 and 3 ranks. A failure names
+the test, the rank and the assertion."""
 
 import pytest
 

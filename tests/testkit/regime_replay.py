@@ -10,7 +10,7 @@ is the mean squared error over a batch, as torch.nn.functional.mse_loss computes
 import numpy as np
 
 __all__ = ["FEATURES", "BATCH", "THETA0", "rank_data", "gradient", "Sgd", "Adam",
-           "replay_synchronous", "replay_local_sgd", "replay_diloco"]
+           "replay_synchronous", "replay_local_sgd", "replay_diloco", "replay_delayed"]
 
 FEATURES, BATCH = 3, 8
 THETA0 = np.array([0.5, -0.25, 0.125, 0.1])  # the same start on every rank: weights, then bias
@@ -130,4 +130,23 @@ def replay_diloco(make_inner, nranks, steps, period, make_outer):
             outer_theta = outer.step(outer_theta, _mean([outer_theta - theta for theta in thetas]))
             thetas = [outer_theta.copy() for _ in range(nranks)]
         trajectory[:, step] = thetas
+    return trajectory
+
+
+def replay_delayed(make_optimizer, nranks, steps, averaged=None):
+    """Bounded staleness 1: step t computes the ranks' mean gradient at the current parameters
+    and applies the mean gradient of step t-1; step 0 applies nothing, and the optimizer's own
+    state (momentum, Adam's step count) starts with step 1. Every rank holds the same parameters.
+    `averaged`: the ranks whose data they train on (default: ranks 0 to nranks - 1)."""
+    data = [rank_data(rank, steps) for rank in (range(nranks) if averaged is None else averaged)]
+    theta = THETA0.copy()
+    optimizer = make_optimizer()
+    previous = None
+    trajectory = np.zeros((nranks, steps, len(THETA0)))
+    for step in range(steps):
+        grad = _mean([gradient(theta, x[step], y[step]) for x, y in data])
+        if previous is not None:
+            theta = optimizer.step(theta, previous)
+        previous = grad
+        trajectory[:, step] = theta
     return trajectory
