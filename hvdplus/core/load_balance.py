@@ -95,7 +95,7 @@ class LoadBalancer:
 
     def reset(self) -> None:
         """Forget the measurements and split the global batch evenly over the process set's
-        current ranks: after an elastic resize, or when the hardware changed."""
+        current ranks: when the hardware changed. An elastic resize does this by itself."""
         self._size = self.process_set.size()
         self._rank = self.process_set.rank()
         self._seconds_per_sample: Optional[float] = None
@@ -126,10 +126,18 @@ class LoadBalancer:
         self._seconds_per_sample = latest if previous is None else (
             previous + self.smoothing * (latest - previous))
 
+    def _follow_resize(self) -> None:
+        """Start afresh where the job re-formed since the sizes were made (hvdplus.elastic): the
+        sizes are for another number of ranks, and the measurements for another rank order.
+        Every rank sees the new size, so every rank resets, and the ranks stay agreed."""
+        if (self.process_set.size(), self.process_set.rank()) != (self._size, self._rank):
+            self.reset()
+
     def rebalance(self) -> List[int]:
         """Agree on new sizes (every rank of the process set calls it at the same step
         boundary) and return them, in rank order. Until every rank has recorded a step the
         sizes stay as they are."""
+        self._follow_resize()
         own = 1.0 / self._seconds_per_sample if self._seconds_per_sample else 0.0
         mine = [own, self._last_compute_seconds, self.global_batch_size, self.min_batch_size, self.hysteresis]
         gathered = allgather(np.array(mine, dtype=np.float64), name="load_balance.speeds",
@@ -186,10 +194,12 @@ class LoadBalancer:
 
     def sizes(self) -> List[int]:
         """Every rank's current local batch size, in rank order (they sum to the global batch)."""
+        self._follow_resize()
         return list(self._sizes)
 
     def local_batch_size(self) -> int:
         """This rank's current local batch size."""
+        self._follow_resize()
         return self._sizes[self._rank]
 
     def speeds(self) -> Optional[List[float]]:
@@ -199,6 +209,7 @@ class LoadBalancer:
 
     def offset(self) -> int:
         """Where this rank's share starts in a global batch: the sizes of the ranks before it."""
+        self._follow_resize()
         return sum(self._sizes[:self._rank])
 
     def slice(self, indices):
@@ -210,6 +221,7 @@ class LoadBalancer:
             indices: the global batch's sample indices (a sequence or array of at most
                 global_batch_size entries), the same on every rank.
         """
+        self._follow_resize()
         count = len(indices)
         if count > self.global_batch_size:
             raise ValueError(f"LoadBalancer.slice: got {count} indices for a global batch of "

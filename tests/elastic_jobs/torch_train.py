@@ -8,9 +8,10 @@ log, so the test can check that every sample was committed once per epoch, and r
 the steps with numpy. A rank named by --kill dies (SIGKILL) at that committed step, in
 that phase: "step" (before its forward pass), "backward" (with some of its gradients'
 all-reduces submitted), "commit" (inside state.commit), "sync" (inside the state's sync
-after a re-form), "end" (after the last commit). With --grow, rank 0 adds slots for the launcher's host
-discovery to find at a given step. Each kill happens once per job: a marker
-file next to OUT remembers it across restarts.
+after a re-form), "end" (after the last commit). With --balancer, every step also feeds
+a LoadBalancer, which must follow each re-form by itself: sizes for the job's new size. With
+--grow, rank 0 adds slots for the launcher's host discovery to find at a given step. Each kill
+happens once per job: a marker file next to OUT remembers it across restarts.
 """
 
 import argparse
@@ -41,6 +42,19 @@ def initial_model():
     return model
 
 
+def check_sizes(balancer, rank, size, re_formed):
+    """One step's record and rebalance; the sizes must be the job's, and even in the first step
+    after a re-form (`re_formed`: the balancer must have started afresh)."""
+    balancer.record(BATCH, 0.001 * BATCH * (rank + 1))
+    sizes = balancer.rebalance()
+    even = [balancer.global_batch_size // size] * size
+    if (len(sizes) != size or sum(sizes) != balancer.global_batch_size or (re_formed and sizes != even)
+            or balancer.local_batch_size() != sizes[rank] or balancer.offset() != sum(sizes[:rank])):
+        raise AssertionError(f"rank {rank} of {size}: the balancer's sizes {sizes} (this rank's "
+                             f"{balancer.local_batch_size()} at {balancer.offset()}) do not fit the job"
+                             + (", the first step after a re-form" if re_formed else ""))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -49,6 +63,7 @@ def main():
     parser.add_argument("--grow", metavar="FILE:STEP:SLOTS",
                         help="at STEP, rank 0 writes 'localhost:SLOTS' to FILE (which discovery reads)")
     parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--balancer", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init()
@@ -60,7 +75,11 @@ def main():
     sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=11)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, log=[])
     resets = []  # the job's size after each re-form this process saw
-    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    re_formed = []  # the balancer's check of the next step is that of the first after a re-form
+    state.register_reset_callbacks([lambda: resets.append(hvd.size()), lambda: re_formed.append(True)])
+    # Not reset by a callback: it follows the re-form by itself. Rank r records r + 1 ms per
+    # sample, so the sizes move away from even ones once every rank has measured.
+    balancer = hvd.LoadBalancer(global_batch_size=12, warmup_steps=0) if args.balancer else None
 
     original_save, original_sync = state.save, state.sync
 
@@ -91,6 +110,9 @@ def main():
                     model.bias.register_post_accumulate_grad_hook(lambda _: kills.maybe(step, "backward"))
                 loss.backward()
                 optimizer.step()
+                if balancer is not None:
+                    check_sizes(balancer, hvd.rank(), hvd.size(), bool(re_formed))
+                    re_formed.clear()
                 batches = hvd.allgather_object(ids.tolist(), name="ids")
                 state.sampler.record_batch(batch_idx, BATCH)
                 state.log.append((state.epoch, hvd.size(), batches))
