@@ -4,10 +4,11 @@ import keras
 
 from ..core import fit_callbacks, runtime
 from .functions import broadcast_variables
+from .model_averaging import DiLoCoCallback, LocalSGDCallback
 
 __all__ = [
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
-    "LearningRateScheduleCallback", "BestModelCheckpoint",
+    "LearningRateScheduleCallback", "BestModelCheckpoint", "LocalSGDCallback", "DiLoCoCallback",
 ]
 
 

@@ -50,6 +50,7 @@ class _DistributedOptimizer:
     _hvdplus_load_balancer = None
     _hvdplus_weighted = False  # whether the step's all-reduce reads a count (fixed once traced)
     _hvdplus_traced_plain = False  # whether a compiled step holds the unweighted all-reduce
+    _hvdplus_paused = False  # local steps: no all-reduce (LocalSGDCallback after its warm-up)
 
     def _hvdplus_configure(self, op, backward_passes_per_step, average_aggregated_gradients,
                            gradient_predivide_factor, compression=None, process_set=None, local_samples=None,
@@ -84,7 +85,16 @@ class _DistributedOptimizer:
     def _hvdplus_reduces(self) -> bool:
         """Whether this rank all-reduces its gradients: with others, in its process set."""
         process_set = self._hvdplus_process_set
-        return self._hvdplus_size() > 1 and (process_set is None or process_set.included())
+        return (not self._hvdplus_paused and self._hvdplus_size() > 1
+                and (process_set is None or process_set.included()))
+
+    def _hvdplus_pause(self, paused: bool) -> bool:
+        """Take local steps, applying this rank's own gradients (`paused`), or all-reduce them
+        again; returns whether that changed. A step compiled before holds what it traced: the
+        caller has Keras make it again (model.make_train_function(force=True))."""
+        changed = self._hvdplus_paused != bool(paused)
+        self._hvdplus_paused = bool(paused)
+        return changed
 
     def _hvdplus_scale_to_size(self):
         """The reduction for the size of the job or process set (gradient_predivide_factor
