@@ -11,7 +11,7 @@ is the mean squared error over a batch, as torch.nn.functional.mse_loss computes
 import numpy as np
 
 __all__ = ["FEATURES", "BATCH", "THETA0", "rank_data", "gradient", "Sgd", "Adam", "KerasAdam",
-           "replay_synchronous", "replay_local_sgd", "replay_diloco", "RTOL", "assert_follows",
+           "replay_synchronous", "replay_local_sgd", "replay_diloco", "replay_delayed", "RTOL", "assert_follows",
            "assert_ranks_drift_apart", "assert_unlike_training_alone", "assert_state_averaging_matters"]
 
 RTOL = 1e-6  # a run's trajectory against its replay's, both float64
@@ -149,6 +149,25 @@ def replay_diloco(make_inner, nranks, steps, period, make_outer):
             outer_theta = outer.step(outer_theta, _mean([outer_theta - theta for theta in thetas]))
             thetas = [outer_theta.copy() for _ in range(nranks)]
         trajectory[:, step] = thetas
+    return trajectory
+
+
+def replay_delayed(make_optimizer, nranks, steps, averaged=None):
+    """Bounded staleness 1: step t computes the ranks' mean gradient at the current parameters
+    and applies the mean gradient of step t-1; step 0 applies nothing, and the optimizer's own
+    state (momentum, Adam's step count) starts with step 1. Every rank holds the same parameters.
+    `averaged`: the ranks whose data they train on (default: ranks 0 to nranks - 1)."""
+    data = [rank_data(rank, steps) for rank in (range(nranks) if averaged is None else averaged)]
+    theta = THETA0.copy()
+    optimizer = make_optimizer()
+    previous = None
+    trajectory = np.zeros((nranks, steps, len(THETA0)))
+    for step in range(steps):
+        grad = _mean([gradient(theta, x[step], y[step]) for x, y in data])
+        if previous is not None:
+            theta = optimizer.step(theta, previous)
+        previous = grad
+        trajectory[:, step] = theta
     return trajectory
 
 

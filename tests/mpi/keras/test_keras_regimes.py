@@ -1,7 +1,8 @@
-"""Local SGD and DiLoCo through Keras 3 `model.fit` (hvdplus.keras.callbacks.LocalSGDCallback,
-DiLoCoCallback) on real ranks, once per backend, against the numpy replay of each algorithm over
-every rank (tests/testkit/regime_replay.py) at rtol 1e-6: each rank fits a float64 linear model
-on its own data, and its variables after every batch must be the replay's for that rank.
+"""Local SGD, DiLoCo and bounded staleness through Keras 3 `model.fit`
+(hvdplus.keras.callbacks.LocalSGDCallback, DiLoCoCallback, DistributedOptimizer(staleness=1)) on
+real ranks, once per backend, against the numpy replay of each algorithm over every rank
+(tests/testkit/regime_replay.py) at rtol 1e-6: each rank fits a float64 linear model on its own
+data, and its variables after every batch must be the replay's for that rank.
 
 tests/test_mpi_suites.py runs this directory on each backend at one size (torch at 3 ranks,
 tensorflow and jax at 2), and tests/test_training_regimes.py runs this file at the other, so
@@ -15,7 +16,7 @@ import hvdplus.keras as hvd
 
 from testkit.regime_replay import (BATCH, FEATURES, THETA0, KerasAdam, Sgd, assert_follows, assert_ranks_drift_apart,
                                    assert_state_averaging_matters, assert_unlike_training_alone, rank_data,
-                                   replay_diloco, replay_local_sgd, replay_synchronous)
+                                   replay_delayed, replay_diloco, replay_local_sgd, replay_synchronous)
 
 hvd.init()
 
@@ -108,6 +109,21 @@ def test_diloco_with_a_nesterov_outer_step_matches_its_replay(rank, size):
     assert_ranks_drift_apart(replay, period)
 
 
+@pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
+def test_staleness_one_matches_one_step_delayed_training(optimizer_name, rank, size):
+    keras_optimizer, replay_optimizer = OPTIMIZERS[optimizer_name]
+    steps = 6
+    if keras.backend.backend() == "tensorflow":
+        with pytest.raises(NotImplementedError, match=r"staleness=1\) runs on Keras' torch and jax backends"):
+            hvd.DistributedOptimizer(keras_optimizer(), staleness=1)
+        return
+    optimizer = hvd.DistributedOptimizer(keras_optimizer(), staleness=1)
+    replay = replay_delayed(replay_optimizer, size, steps)
+    assert_follows(fit(make_model(optimizer), steps, keras.callbacks.Callback()), replay, rank)
+    # Step 0 applied nothing, so the optimizer stepped once less than the batches.
+    assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == steps - 1
+
+
 @pytest.fixture
 def job_still_works_afterwards(size):
     yield
@@ -152,6 +168,11 @@ def test_a_warm_up_needs_the_distributed_optimizer():
 
 def test_bad_settings_are_refused():
     keras_sgd, _ = OPTIMIZERS["sgd-momentum"]
+    with pytest.raises(ValueError, match="staleness must be 0 .* or 1 .*, got 2"):
+        hvd.DistributedOptimizer(keras_sgd(), staleness=2)
+    if keras.backend.backend() != "tensorflow":
+        with pytest.raises(ValueError, match=r"staleness=1\): weighted averages"):
+            hvd.DistributedOptimizer(keras_sgd(), staleness=1, local_samples=8)
     with pytest.raises(ValueError, match="LocalSGDCallback: period must be an integer of at least 1, got 0"):
         hvd.callbacks.LocalSGDCallback(period=0)
     with pytest.raises(ValueError, match="DiLoCoCallback: period must be an integer of at least 1, got -1"):
