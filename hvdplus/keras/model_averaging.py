@@ -76,25 +76,27 @@ class _AveragingCallback(keras.callbacks.Callback):
     def _ranks(self):
         return None if is_job(self.process_set) else self.process_set
 
-    def _compare_settings(self, extra):
-        """Once: every rank's settings (and `extra`, numbers of its own) alike, else ValueError
-        on every rank."""
-        if self._compared or not self.averages_here:
-            return
-        settings = {"period": self.schedule.period, "warmup_steps": self.schedule.warmup_steps, **extra}
-        require_same(settings, f"{self.name}.settings", self.what, self._ranks())
-        self._compared = True
-
-    def _check_one_step_per_batch(self, model):
+    def _begin(self, model, distributed):
+        """At the start of training: every rank's settings alike (compared once, with whether
+        the model's optimizer is a DistributedOptimizer), else ValueError on every rank; then
+        one optimizer step per batch, else ValueError."""
+        per_execution = getattr(model, "steps_per_execution", 1) or 1
+        accumulated = getattr(model.optimizer, "gradient_accumulation_steps", None) or 1
+        if self.averages_here and not self._compared:
+            settings = {"period": self.schedule.period, "warmup_steps": self.schedule.warmup_steps,
+                        "DistributedOptimizer": distributed, "steps_per_execution": per_execution,
+                        "gradient_accumulation_steps": accumulated}
+            require_same(settings, f"{self.name}.settings", self.what, self._ranks())
+            self._compared = True
         # With steps_per_execution > 1 a batch's callbacks come once per several optimizer
         # steps, and with gradient accumulation an optimizer step once per several batches:
         # the count would not be the optimizer's steps.
-        if getattr(model, "steps_per_execution", 1) != 1:
-            raise ValueError(f"{self.what}: compile the model with steps_per_execution=1 (it has "
-                             f"{model.steps_per_execution}): the averagings follow each batch")
-        if getattr(model.optimizer, "gradient_accumulation_steps", None) not in (None, 1):
-            raise ValueError(f"{self.what}: the optimizer accumulates gradients over "
-                             f"{model.optimizer.gradient_accumulation_steps} batches; averaging follows each batch")
+        if per_execution != 1:
+            raise ValueError(f"{self.what}: compile the model with steps_per_execution=1 (it has {per_execution}): "
+                             "the averagings follow each batch")
+        if accumulated != 1:
+            raise ValueError(f"{self.what}: the optimizer accumulates gradients over {accumulated} batches; the "
+                             "averagings follow each batch")
 
     def _averages_after(self, step) -> bool:
         """Whether to average after `step`, having checked that every rank averages there."""
@@ -143,9 +145,8 @@ class LocalSGDCallback(_AveragingCallback):
 
     def on_train_begin(self, logs=None):
         model = self.model
-        self._check_one_step_per_batch(model)
         distributed = _reduces_gradients(model.optimizer)
-        self._compare_settings({"DistributedOptimizer": distributed})
+        self._begin(model, distributed)
         if self.schedule.warmup_steps > self.step and not distributed:
             raise ValueError(f"LocalSGDCallback(warmup_steps={self.schedule.warmup_steps}): the warm-up steps "
                              "average the gradients; compile the model with hvd.DistributedOptimizer(optimizer)")
@@ -217,9 +218,8 @@ class DiLoCoCallback(_AveragingCallback):
 
     def on_train_begin(self, logs=None):
         model = self.model
-        self._check_one_step_per_batch(model)
         reduces = _reduces_gradients(model.optimizer)
-        self._compare_settings({"DistributedOptimizer": reduces})
+        self._begin(model, reduces)
         if reduces:
             raise ValueError("DiLoCoCallback: the inner steps are local; compile the model with the plain optimizer, "
                              "not hvd.DistributedOptimizer")
