@@ -28,7 +28,8 @@ def rank_data(rank, steps):
     batches = [(rng.standard_normal((BATCH, FEATURES)), 0.1 * rng.standard_normal(BATCH)) for _ in range(steps)]
     x = np.array([batch for batch, _ in batches]).reshape(steps, BATCH, FEATURES)
     y = x @ target[:-1] + target[-1] + np.array([noise for _, noise in batches]).reshape(steps, BATCH)
-    return x, y
+    # Numbers that float32 holds exactly: Keras casts float arrays given to fit() to floatx.
+    return x.astype(np.float32).astype(np.float64), y.astype(np.float32).astype(np.float64)
 
 
 def gradient(theta, x, y):
@@ -85,11 +86,10 @@ class Adam:
 
 class KerasAdam(Adam):
     """keras.optimizers.Adam: torch's, but with epsilon added to sqrt(v) before the bias
-    correction of v (Keras' default epsilon is 1e-7). Its learning rate is a float32 variable,
-    so `lr` is rounded to float32 as Keras holds it."""
+    correction of v (Keras' default epsilon is 1e-7)."""
 
     def __init__(self, lr, betas=(0.9, 0.999), eps=1e-7):
-        super().__init__(float(np.float32(lr)), betas, eps)
+        super().__init__(lr, betas, eps)
 
     def step(self, theta, grad):
         self.steps += 1

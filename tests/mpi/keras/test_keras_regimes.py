@@ -22,13 +22,26 @@ hvd.init()
 
 pytestmark = pytest.mark.timeout(120)
 
-LR = 0.05
+# Rates that float32 holds exactly: Keras keeps the learning rate in a float32 variable, and on
+# tensorflow Adam's (1 - beta_2 ** t) comes out as with beta_2 in float32 (0.999 would be 1.3e-5 off
+# there, 6e-6 in a step), where the replay computes in float64.
+LR = 0.046875
+BETAS = (0.875, 0.998046875)
+
+
+def held_by_keras(lr):
+    """A learning rate as Keras holds it: a float32 variable (DiLoCo's outer 0.7 is 0.69999999)."""
+    return float(np.float32(lr))
+
+
 # Each optimizer by name: (the Keras one, the replay's). Keras' SGD keeps m = momentum * m - lr * g
 # where torch keeps b = momentum * b + g: the same steps at a constant learning rate.
 OPTIMIZERS = {
     "sgd-momentum": (lambda: keras.optimizers.SGD(LR, momentum=0.9), lambda: Sgd(LR, momentum=0.9)),
-    "adam": (lambda: keras.optimizers.Adam(LR), lambda: KerasAdam(LR)),
+    "adam": (lambda: keras.optimizers.Adam(LR, beta_1=BETAS[0], beta_2=BETAS[1]), lambda: KerasAdam(LR, BETAS)),
 }
+# DiLoCo's default outer optimizer, keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True).
+OUTER = lambda: Sgd(held_by_keras(0.7), momentum=0.9, nesterov=True)  # noqa: E731
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -104,7 +117,7 @@ def test_diloco_with_a_nesterov_outer_step_matches_its_replay(rank, size):
     keras_sgd, replay_sgd = OPTIMIZERS["sgd-momentum"]
     steps, period = 15, 5
     callback = hvd.callbacks.DiLoCoCallback(period=period)
-    replay = replay_diloco(replay_sgd, size, steps, period, lambda: Sgd(0.7, momentum=0.9, nesterov=True))
+    replay = replay_diloco(replay_sgd, size, steps, period, OUTER)
     assert_follows(fit(make_model(keras_sgd()), steps, callback), replay, rank)
     assert_ranks_drift_apart(replay, period)
 
