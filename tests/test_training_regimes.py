@@ -1,8 +1,8 @@
 """The training regimes beyond synchronous data parallelism (local SGD, PeriodicModelAverager,
-DiLoCo) on real ranks, each against a numpy replay of its algorithm: the in-rank suite
-tests/mpi/test_torch_regimes.py, at 2 and 3 ranks, and the Keras 3 one,
-tests/mpi/keras/test_keras_regimes.py, on each backend. A failure names the test, the rank and
-the assertion."""
+DiLoCo, DistributedOptimizer(staleness=1)) on real ranks, each against a numpy replay of its
+algorithm: the in-rank suite tests/mpi/test_torch_regimes.py, at 2 and 3 ranks, and the Keras 3
+one, tests/mpi/keras/test_keras_regimes.py, on each backend. A failure names the test, the rank
+and the assertion."""
 
 import importlib.util
 

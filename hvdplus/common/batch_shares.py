@@ -14,7 +14,7 @@ import numpy as np
 
 from .batch_sizes import balanced_sizes
 
-__all__ = ["epoch_order", "partial_batch_sizes", "epoch_shares"]
+__all__ = ["epoch_order", "partial_batch_sizes", "batch_share", "epoch_shares"]
 
 
 def epoch_order(length: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
@@ -58,6 +58,25 @@ def partial_batch_sizes(sizes: Sequence[int], count: int) -> List[int]:
     return result
 
 
+def batch_share(sizes: Sequence[int], start: int, length: int, rank: int) -> Tuple[int, int]:
+    """This rank's share, as (start, stop) positions in an epoch's order of `length` samples,
+    of the global batch that begins at position `start`: `sum(sizes)` samples, or the ones
+    left, split by `partial_batch_sizes`; rank r takes its size after the shares of ranks
+    0..r-1.
+
+    Args:
+        sizes: every rank's local size for a full global batch, in rank order.
+        start: where the global batch begins in the epoch's order (below `length`).
+        length: the samples in the epoch.
+        rank: this rank's position in `sizes`.
+    """
+    count = min(sum(sizes), length - start)
+    if count < sum(sizes):
+        sizes = partial_batch_sizes(sizes, count)
+    offset = start + sum(sizes[:rank])
+    return offset, offset + sizes[rank]
+
+
 def epoch_shares(length: int, current_sizes: Callable[[], Sequence[int]], rank: int, ranks: int,
                  drop_last: bool = False) -> Iterator[Tuple[int, int]]:
     """This rank's share of each global batch of an epoch of `length` samples, as (start,
@@ -85,10 +104,7 @@ def epoch_shares(length: int, current_sizes: Callable[[], Sequence[int]], rank: 
                              f"{sizes}: needs sizes of 0 or more, one per rank, with a positive total (after "
                              "the ranks changed, reset the balancer)")
         count = min(sum(sizes), length - start)
-        if count < sum(sizes):
-            if drop_last:
-                return
-            sizes = partial_batch_sizes(sizes, count)
-        offset = start + sum(sizes[:rank])
-        yield offset, offset + sizes[rank]
+        if count < sum(sizes) and drop_last:
+            return
+        yield batch_share(sizes, start, length, rank)
         start += count

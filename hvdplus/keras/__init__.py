@@ -17,13 +17,15 @@ from ..core.basics import Average
 from ..core.basics import __all__ as _BASICS
 from ..core.load_balance import LoadBalancer
 from . import callbacks, elastic
+from .balanced_dataset import BalancedPyDataset
 from .compression import Compression
 from .mpi_ops import allgather, allgather_object, allreduce, broadcast, broadcast_object, reducescatter
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, distributed_class
 
 __all__ = [
     *_BASICS,
-    "callbacks", "elastic", "LoadBalancer", "Compression", "allgather", "allgather_object", "allreduce", "broadcast",
+    "callbacks", "elastic", "LoadBalancer", "BalancedPyDataset", "Compression", "allgather", "allgather_object",
+    "allreduce", "broadcast",
     "broadcast_object", "reducescatter", "DistributedOptimizer", "PartialDistributedOptimizer",
     "broadcast_global_variables", "verbose", "load_model",
 ]

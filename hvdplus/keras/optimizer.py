@@ -18,6 +18,7 @@ see backends/step_weight.py), not when Keras traces the step, so it may change e
 """
 
 import contextlib
+import time
 import weakref
 
 import keras
@@ -53,6 +54,9 @@ class _DistributedOptimizer:
     _hvdplus_traced_plain = False  # whether a compiled step holds the unweighted all-reduce
     _hvdplus_paused = False  # local steps: no all-reduce (LocalSGDCallback after its warm-up)
     _hvdplus_delayed = None  # with staleness=1: the DelayedGradients in flight
+    # When a step first read its count since this was cleared: its gradients are computed
+    # then, before the all-reduce waits for the other ranks (LoadBalanceCallback's measure).
+    _hvdplus_count_read_at = None
 
     def _hvdplus_configure(self, op, backward_passes_per_step, average_aggregated_gradients,
                            gradient_predivide_factor, compression=None, process_set=None, local_samples=None,
@@ -140,6 +144,8 @@ class _DistributedOptimizer:
 
     def _hvdplus_count(self):
         """This step's weight: the count set, else the balancer's local batch size, else None."""
+        if self._hvdplus_count_read_at is None:
+            self._hvdplus_count_read_at = time.perf_counter()
         return sample_count(self._hvdplus_local_samples, self._hvdplus_load_balancer)
 
     def _hvdplus_step_weight(self, grads):

@@ -19,6 +19,12 @@ is submitted, during backward, so it is set before `loss.backward()`.
 With `process_set=`, gradients are averaged over that set's ranks only, on its engine; as in
 Horovod, a rank outside the set applies its own gradients unreduced. A job that re-forms
 (hvdplus.elastic) has no process sets any more: such an optimizer then refuses to step.
+
+With `staleness=1` (bounded staleness, one-step-delayed SGD), the hooks all-reduce a copy of
+each gradient, and step t applies the gradients averaged in step t-1 while step t's all-reduces
+run on behind the next forward and backward; step 0 applies nothing. Two steps' all-reduces are
+in flight at once, so their names carry the step's parity. The rules are in
+`_DistributedOptimizer.synchronize` and docs/training-regimes.md.
 """
 
 import contextlib
@@ -53,9 +59,12 @@ class _DistributedOptimizer:
     instance of that class (schedulers, state_dict and isinstance keep working)."""
 
     def _hvdplus_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                       gradient_predivide_factor, groups, sparse_as_dense, process_set, load_balancer=None):
+                       gradient_predivide_factor, groups, sparse_as_dense, process_set, load_balancer=None,
+                       staleness=0):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+        self._staleness = _checked_staleness(staleness, load_balancer)
+        self._steps_submitted = 0  # with staleness: steps whose gradients went out; its parity names them
         if load_balancer is not None:
             check_weighted_op(op, "DistributedOptimizer(load_balancer=...)")
         self._load_balancer = load_balancer
@@ -113,6 +122,15 @@ class _DistributedOptimizer:
         self._group_ready = {}
         self._submitted = set()
         self._pending = []
+        # With staleness: the tensors that the gradients of the step being submitted are reduced
+        # in (id(parameter) -> tensor), the previous step's (finishes, those tensors) still in
+        # flight (None: nothing to apply next), and whether the coming step() applies any. A
+        # re-formed job's engine is new: all-reduces the old one had in flight are dropped, but
+        # gradients already there (hvdplus.elastic restores a commit before re-forming) are kept.
+        self._delayed = {}
+        in_flight = getattr(self, "_in_flight", None)
+        self._in_flight = in_flight if in_flight is not None and not in_flight[0] else None
+        self._applies = False
         self._synchronized = False
         self._should_synchronize = True
         self._hooks = []
@@ -134,6 +152,9 @@ class _DistributedOptimizer:
         """
         if samples is not None:
             check_weighted_op(self._op, "DistributedOptimizer.set_local_samples()")
+            if self._staleness:
+                raise ValueError(f"DistributedOptimizer(staleness={self._staleness}).set_local_samples({samples}): "
+                                 "weighted averages of delayed gradients are not supported; use staleness=0")
         if self._submitted and samples != self._step_weight:
             raise RuntimeError(
                 f"DistributedOptimizer.set_local_samples({samples}): this step's gradients are already being "
@@ -186,6 +207,28 @@ class _DistributedOptimizer:
         return (param.grad is not None and not self._weighted()
                 and gathered(param.grad.is_sparse, self._sparse_as_dense))
 
+    def _gradient_to_reduce(self, param):
+        """The dense tensor that `param`'s gradient of this step is reduced in: the gradient
+        itself, or with staleness a copy of it, since the next step's backward overwrites the
+        gradient while this step's all-reduce still runs."""
+        if self._staleness and param.grad is not None and param.grad.is_sparse:
+            # Raised the same on every rank: the ranks run the same model.
+            raise ValueError(f"DistributedOptimizer(staleness={self._staleness}): the gradient of "
+                             f"'{self._names[param]}' is sparse (e.g. nn.Embedding(sparse=True)); delayed "
+                             "gradients are dense only: make the layer dense, or use staleness=0")
+        grad = self._dense_gradient(param)
+        if self._staleness:
+            grad = grad.detach().clone()
+            self._delayed[id(param)] = grad
+        return grad
+
+    def _gradient_name(self, prefix, param):
+        """The collective's name: with staleness, two steps' all-reduces of one gradient are in
+        flight at once, and the engine takes a name once at a time, so the step's parity is in it."""
+        if self._staleness:
+            prefix = f"{prefix}.{self._steps_submitted % 2}"
+        return f"{prefix}.{self._names[param]}"
+
     def _dense_gradient(self, param):
         """The gradient to all-reduce of a parameter whose gradient is not gathered
         (_sparse_kept), so a sparse one here is made dense (sparse_as_dense); the parameter
@@ -218,13 +261,13 @@ class _DistributedOptimizer:
 
     def _allreduce_gradient(self, param):
         """Submit one gradient's all-reduce; returns the function that finishes it."""
-        if self._sparse_kept(param):
+        if self._sparse_kept(param) and not self._staleness:
             return self._allgather_sparse_gradient(param)
-        grad = self._dense_gradient(param)
+        grad = self._gradient_to_reduce(param)
         wire, ctx = self._on_the_wire(grad)
         weight = self._weight()
         op, prescale, postscale = self._reduction if weight is None else self._weighted_reduction
-        handle = allreduce_async_(wire, name=f"grad.{self._names[param]}", op=op, prescale_factor=prescale,
+        handle = allreduce_async_(wire, name=self._gradient_name("grad", param), op=op, prescale_factor=prescale,
                                   postscale_factor=postscale, process_set=self._process_set, weight=weight)
 
         def finish():
@@ -239,15 +282,15 @@ class _DistributedOptimizer:
         """Submit a group's all-reduce (its sparse gradients are gathered on their own)."""
         gathered, grads, dense = [], [], []
         for p in group:
-            if self._sparse_kept(p):
+            if self._sparse_kept(p) and not self._staleness:
                 gathered.append(self._allgather_sparse_gradient(p))
             else:
-                grads.append(self._dense_gradient(p))
+                grads.append(self._gradient_to_reduce(p))
                 dense.append(p)
         compressed = [self._on_the_wire(g) for g in grads]
         weight = self._weight()
         op, prescale, postscale = self._reduction if weight is None else self._weighted_reduction
-        name = f"grads.{self._names[group[0]]}"
+        name = self._gradient_name("grads", group[0])
         handle = grouped_allreduce_async_([w for w, _ in compressed], name=name, op=op, prescale_factor=prescale,
                                           postscale_factor=postscale, process_set=self._process_set, weight=weight)
 
@@ -295,7 +338,12 @@ class _DistributedOptimizer:
 
     def synchronize(self):
         """Wait for every gradient's all-reduce (submitting those whose hooks did not fire,
-        e.g. parameters unused this step, so that every rank submits the same names)."""
+        e.g. parameters unused this step, so that every rank submits the same names).
+
+        With staleness, this step's all-reduces are left running, and the previous step's are
+        waited for instead: afterwards each parameter's `.grad` holds the averaged gradient of
+        the previous step, the one `step()` applies (None everywhere in the first step, which
+        applies nothing)."""
         if self._set_gone:
             raise ValueError(self._set_gone)
         if self._hooks:
@@ -303,7 +351,10 @@ class _DistributedOptimizer:
                 if param.requires_grad and id(param) not in self._submitted:
                     self._submit(param)
         pending, self._pending = self._pending, []
+        delayed, self._delayed = self._delayed, {}
         try:
+            if self._staleness:
+                pending, delayed = self._keep_in_flight(pending, delayed)
             for finish in pending:
                 finish()
         finally:
@@ -313,7 +364,91 @@ class _DistributedOptimizer:
             self._step_weight = None
             for key in self._passes_left:
                 self._passes_left[key] = self._passes_per_step
+        if self._staleness:
+            self._put_in_grad(delayed)
         self._synchronized = True
+
+    def _keep_in_flight(self, pending, delayed):
+        """Keep this step's all-reduces (`pending`, into `delayed`) in flight for the next step;
+        returns the previous step's, to wait for and apply now (([], None) where there are none).
+        A rank that averages nothing (alone, or outside the process set) delays its own gradients."""
+        if not self._hooks:
+            delayed = {id(p): None if p.grad is None else p.grad.detach().clone() for p in self._params}
+        previous = self._in_flight or ([], None)
+        self._in_flight = (pending, delayed)
+        self._steps_submitted += 1
+        return previous
+
+    def _put_in_grad(self, delayed):
+        """Make the gradients that step() applies the parameters' `.grad`: `delayed`, by
+        id(parameter), or none at all (the first step)."""
+        self._applies = delayed is not None
+        for param in self._params:
+            if delayed is None:
+                param.grad = None
+            elif id(param) in delayed:
+                param.grad = delayed[id(param)]
+
+    def _wait_in_flight(self):
+        """Wait for the all-reduces still in flight from the last step (an error drops them)."""
+        if self._in_flight is None:
+            return
+        pending, delayed = self._in_flight
+        self._in_flight = None
+        for finish in pending:
+            finish()
+        self._in_flight = ([], delayed)
+
+    def state_dict(self):
+        """The wrapped optimizer's state_dict(); with staleness also, under "staleness", the
+        number of steps taken and the averaged gradients that the next step applies (by
+        parameter index; waiting for their all-reduces), so a run resumed from it applies them
+        as this one would have."""
+        state = super().state_dict()
+        if self._staleness:
+            self._wait_in_flight()
+            delayed = None if self._in_flight is None else self._in_flight[1]
+            state["staleness"] = {
+                "steps": self._steps_submitted,
+                "gradients": None if delayed is None else [
+                    None if delayed.get(id(p)) is None else delayed[id(p)].detach().clone() for p in self._params],
+            }
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Load the wrapped optimizer's state; with staleness also the gradients that the next
+        step applies, where `state_dict` has them (one saved with staleness=0, or in the first
+        step, has none: the next step then applies nothing)."""
+        state_dict = dict(state_dict)
+        delayed = state_dict.pop("staleness", None)
+        super().load_state_dict(state_dict)
+        if not self._staleness:
+            return
+        # What this optimizer still has in flight is replaced, but finished first, since its
+        # names come round again. It fails where a rank died (hvdplus.elastic restores the
+        # commit before the job re-forms): replaced anyway, it is dropped then.
+        with contextlib.suppress(HvdplusError):
+            self._wait_in_flight()
+        self._in_flight = None
+        if delayed is None:
+            return
+        self._steps_submitted = int(delayed["steps"])
+        gradients = delayed["gradients"]
+        if gradients is None:
+            return
+        if len(gradients) != len(self._params):
+            raise ValueError(f"DistributedOptimizer.load_state_dict: the state has delayed gradients of "
+                             f"{len(gradients)} parameters, this optimizer trains {len(self._params)}")
+        kept = {}
+        for param, grad in zip(self._params, gradients):
+            if grad is None:
+                continue
+            if tuple(grad.shape) != tuple(param.shape):
+                raise ValueError(f"DistributedOptimizer.load_state_dict: the delayed gradient of "
+                                 f"'{self._names[param]}' has shape {tuple(grad.shape)}, the parameter "
+                                 f"{tuple(param.shape)}")
+            kept[id(param)] = grad.detach().to(param).clone()
+        self._in_flight = ([], kept)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -331,6 +466,9 @@ class _DistributedOptimizer:
             self._should_synchronize = True
 
     def step(self, closure=None):
+        if self._staleness and closure is not None:
+            raise ValueError(f"DistributedOptimizer(staleness={self._staleness}).step(closure): a closure's "
+                             "gradients would be applied a step late; call backward before step()")
         if self._should_synchronize:
             if self._synchronized:
                 # Horovod's words, which users search for.
@@ -341,6 +479,8 @@ class _DistributedOptimizer:
                     "code.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
+        if self._staleness and not self._applies:
+            return None  # the first step: its gradients are only sent
         return super().step(closure)
 
     def _hvdplus_local_step(self):
@@ -356,6 +496,17 @@ class _DistributedOptimizer:
                 "zero the gradients before backward, or call step() first"
             )
         return super().zero_grad(set_to_none)
+
+
+def _checked_staleness(staleness, load_balancer) -> int:
+    """The staleness as an int, 0 or 1; ValueError for another, or for one with load_balancer=."""
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness not in (0, 1):
+        raise ValueError(f"DistributedOptimizer: staleness must be 0 (synchronous) or 1 (apply each step's "
+                         f"averaged gradients one step later), got {staleness!r}")
+    if staleness and load_balancer is not None:
+        raise ValueError("DistributedOptimizer(staleness=1, load_balancer=...): weighted averages of delayed "
+                         "gradients are not supported; use staleness=0")
+    return staleness
 
 
 def _averages_here(process_set) -> bool:
@@ -447,7 +598,7 @@ def wrapped_in(optimizer, mixin):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set,
-                         load_balancer=None):
+                         load_balancer=None, staleness=0):
     """Wrap `optimizer` so that `step()` applies gradients averaged over all ranks.
 
     Args:
@@ -466,10 +617,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             averaged weighted by its `local_batch_size()`, read when backward submits the
             first of them, so that uneven local batches give the gradient of the mean loss
             over all of them. `set_local_samples(n)` gives the count by hand instead.
+        staleness: 0 (default): each step applies its own averaged gradients. 1: step t
+            applies the gradients averaged in step t-1, whose all-reduces run behind step t's
+            forward and backward; step 0 only sends its gradients and changes no parameter.
+            Not with load_balancer=, set_local_samples(), sparse gradients or step(closure).
     """
     if num_groups and groups is None:
         groups = num_groups
     wrapped = wrapped_in(optimizer, _DistributedOptimizer)
     wrapped._hvdplus_setup(named_parameters, compression, backward_passes_per_step, op,
-                           gradient_predivide_factor, groups, sparse_as_dense, process_set, load_balancer)
+                           gradient_predivide_factor, groups, sparse_as_dense, process_set, load_balancer,
+                           staleness)
     return wrapped

@@ -1,7 +1,8 @@
-"""Local SGD, PeriodicModelAverager and DiLoCo on real ranks against a numpy replay of each
-algorithm over every rank (tests/testkit/regime_replay.py), at rtol 1e-6: each rank trains a
-float64 linear model on its own data, and its parameters after every step must be the replay's
-for that rank. tests/test_training_regimes.py runs this file at 2 and 3 ranks."""
+"""Local SGD, PeriodicModelAverager, DiLoCo and DistributedOptimizer(staleness=1) on real ranks
+against a numpy replay of each algorithm over every rank (tests/testkit/regime_replay.py), at
+rtol 1e-6: each rank trains a float64 linear model on its own data, and its parameters after
+every step must be the replay's for that rank. tests/test_training_regimes.py runs this file at
+2 and 3 ranks."""
 
 import functools
 
@@ -11,8 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 import hvdplus.torch as hvd  # noqa: E402
 from testkit.regime_replay import (  # noqa: E402
-    FEATURES, THETA0, Adam, Sgd, assert_follows, assert_ranks_drift_apart, assert_state_averaging_matters,
-    assert_unlike_training_alone, rank_data, replay_diloco, replay_local_sgd, replay_synchronous)
+    BATCH, FEATURES, RTOL, THETA0, Adam, Sgd, assert_follows, assert_ranks_drift_apart,
+    assert_state_averaging_matters, assert_unlike_training_alone, gradient, rank_data, replay_delayed, replay_diloco,
+    replay_local_sgd, replay_synchronous)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,7 +133,9 @@ def trained_in_two_runs(wrap, steps, stop):
     resumed_model.load_state_dict(model.state_dict())
     resumed = wrap(resumed_model)
     resumed.load_state_dict(first.state_dict())
-    return np.concatenate([before, train(resumed_model, resumed, steps, start=stop)])
+    after = train(resumed_model, resumed, steps, start=stop)
+    resumed.state_dict()  # a delayed optimizer's last all-reduces finish here (see train_delayed)
+    return np.concatenate([before, after])
 
 
 def test_local_sgd_resumes_from_its_state_dict_between_averagings(rank, size):
@@ -192,3 +196,161 @@ def test_bad_settings_are_refused():
         hvd.LocalSGD(torch.optim.SGD(model.parameters(), lr=LR), model, period=0)
     with pytest.raises(ValueError, match="DiLoCo: period must be an integer of at least 1, got -1"):
         hvd.DiLoCo(torch.optim.SGD(model.parameters(), lr=LR), model, period=-1)
+
+
+# -- bounded staleness: DistributedOptimizer(staleness=1) ---------------------------------------
+STALE_OPTIMIZERS = {"sgd": (lambda params: torch.optim.SGD(params, lr=LR), lambda: Sgd(LR)), **OPTIMIZERS}
+
+
+def delayed(model, optimizer_name="sgd-momentum", **kwargs):
+    return hvd.DistributedOptimizer(STALE_OPTIMIZERS[optimizer_name][0](model.parameters()),
+                                    named_parameters=model.named_parameters(), staleness=1, **kwargs)
+
+
+def finished(optimizer, trajectory):
+    """`trajectory`, once the last step's all-reduces, which no step applies, have finished
+    (state_dict() waits for them): the next test's optimizer submits the same names."""
+    optimizer.state_dict()
+    return trajectory
+
+
+@pytest.mark.parametrize("optimizer_name", list(STALE_OPTIMIZERS))
+def test_staleness_one_applies_the_previous_steps_averaged_gradients(optimizer_name, rank, size):
+    steps = 8
+    model = make_model()
+    optimizer = delayed(model, optimizer_name)
+    assert isinstance(optimizer, torch.optim.SGD if optimizer_name.startswith("sgd") else torch.optim.Adam)
+    trajectory = finished(optimizer, train(model, optimizer, steps))
+    np.testing.assert_array_equal(trajectory[0], THETA0)  # step 0 only sends its gradients
+    replay = replay_delayed(STALE_OPTIMIZERS[optimizer_name][1], size, steps)
+    assert_follows(trajectory, replay, rank)
+    # Applying each step's own gradients, or not averaging them, ends elsewhere.
+    synchronous = replay_synchronous(STALE_OPTIMIZERS[optimizer_name][1], size, steps)
+    assert not np.allclose(replay[rank, 2], synchronous[rank, 1], rtol=RTOL)
+    if size > 1:
+        alone = replay_delayed(STALE_OPTIMIZERS[optimizer_name][1], 1, steps)
+        assert not np.allclose(replay[0, -1], alone[0, -1], rtol=RTOL)
+
+
+@pytest.mark.parametrize("groups", [None, 0], ids=["fused", "one-by-one"])
+def test_staleness_keeps_every_ranks_parameters_identical(groups, rank, size):
+    model = make_model()
+    optimizer = delayed(model, groups=groups)
+    trajectory = torch.from_numpy(finished(optimizer, train(model, optimizer, steps=7)))
+    everyones = hvd.allgather(trajectory[None], name=f"staleness.identical.{groups}").numpy()
+    assert everyones.shape == (size, 7, FEATURES + 1)
+    for other in range(size):
+        np.testing.assert_array_equal(everyones[other], everyones[0], err_msg=f"rank {other} against rank 0")
+    if size > 1:  # the ranks' data differ, so training alone would not keep them together
+        alone = replay_delayed(STALE_OPTIMIZERS["sgd-momentum"][1], 1, 7)
+        assert not np.allclose(everyones[0, -1], alone[0, -1], rtol=RTOL)
+
+
+def test_staleness_with_accumulated_passes_matches_the_replay(rank, size):
+    # Two backward passes of half a batch each, each loss halved: their sum is the batch's gradient.
+    steps = 6
+    model = make_model()
+    optimizer = delayed(model, backward_passes_per_step=2)
+    x, y = (torch.from_numpy(array) for array in rank_data(rank, steps))
+    half = BATCH // 2
+    trajectory = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        for part in (slice(0, half), slice(half, BATCH)):
+            loss = 0.5 * torch.nn.functional.mse_loss(model(x[step, part]), y[step, part].view(-1, 1))
+            loss.backward()
+        optimizer.step()
+        trajectory.append(flat(model))
+    replay = replay_delayed(STALE_OPTIMIZERS["sgd-momentum"][1], size, steps)
+    assert_follows(finished(optimizer, np.array(trajectory)), replay, rank)
+
+
+def test_staleness_synchronize_puts_the_gradient_that_step_applies_in_grad(rank, size):
+    steps = 5
+    replay = replay_delayed(STALE_OPTIMIZERS["sgd"][1], size, steps)
+    data = [rank_data(r, steps) for r in range(size)]
+    model = make_model()
+    optimizer = delayed(model, "sgd")
+    x, y = (torch.from_numpy(array) for array in data[rank])
+    trajectory = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x[step]), y[step].view(-1, 1)).backward()
+        optimizer.synchronize()
+        if step == 0:
+            assert model.weight.grad is None and model.bias.grad is None
+        else:
+            # The ranks' mean gradient of step - 1, at the parameters step - 1 started from.
+            theta = THETA0 if step == 1 else replay[rank, step - 2]
+            expected = sum(gradient(theta, data[r][0][step - 1], data[r][1][step - 1]) for r in range(size)) / size
+            got = torch.cat([model.weight.grad.view(-1), model.bias.grad]).numpy()
+            np.testing.assert_allclose(got, expected, rtol=RTOL, atol=1e-12)
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        trajectory.append(flat(model))
+    assert_follows(finished(optimizer, np.array(trajectory)), replay, rank)
+
+
+def test_staleness_resumes_from_its_state_dict_with_the_pending_gradients(rank, size):
+    steps, stop = 8, 3
+    replay = replay_delayed(STALE_OPTIMIZERS["sgd-momentum"][1], size, steps)
+    assert_follows(trained_in_two_runs(delayed, steps, stop), replay, rank)
+    model = make_model()
+    optimizer = delayed(model)
+    train(model, optimizer, stop)
+    state = optimizer.state_dict()["staleness"]
+    assert state["steps"] == stop and len(state["gradients"]) == 2
+
+
+def test_staleness_goes_on_through_broadcast_optimizer_state(rank, size):
+    # Once before training (which primes the momentum buffers with a step on zero gradients) and
+    # once in the middle, with every rank's last all-reduces in flight: rank 0's pending
+    # gradients, the same as everyone's, are what the next step applies.
+    steps, middle = 7, 3
+    model = make_model()
+    optimizer = delayed(model)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    before = train(model, optimizer, middle)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    after = finished(optimizer, train(model, optimizer, steps, start=middle))
+    replay = replay_delayed(STALE_OPTIMIZERS["sgd-momentum"][1], size, steps)
+    assert_follows(np.concatenate([before, after]), replay, rank)
+
+
+def test_staleness_on_a_process_set_delays_the_gradients_inside_and_outside_it(even_and_odd_sets, rank, size):
+    # Every rank wraps with the set of the even ranks: they average among themselves; an odd
+    # rank, outside it, applies its own gradients, one step late as well.
+    mine, other = even_and_odd_sets
+    evens = mine if rank % 2 == 0 else other
+    steps = 6
+    model = make_model()
+    optimizer = delayed(model, process_set=evens)
+    trajectory = finished(optimizer, train(model, optimizer, steps))
+    np.testing.assert_array_equal(trajectory[0], THETA0)
+    averaged = list(range(0, size, 2)) if rank % 2 == 0 else [rank]
+    replay = replay_delayed(STALE_OPTIMIZERS["sgd-momentum"][1], 1, steps, averaged=averaged)
+    assert_follows(trajectory, replay, 0)
+
+
+def test_staleness_refuses_what_it_does_not_support(size):
+    model = make_model()
+    with pytest.raises(ValueError, match="staleness must be 0 .* got 2"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), staleness=2)
+    balancer = hvd.LoadBalancer(global_batch_size=BATCH * size)
+    with pytest.raises(ValueError, match=r"staleness=1, load_balancer=\.\.\.\): weighted averages"):
+        delayed(model, load_balancer=balancer)
+    optimizer = delayed(model)
+    with pytest.raises(ValueError, match=r"set_local_samples\(8\): weighted averages of delayed gradients"):
+        optimizer.set_local_samples(8)
+    with pytest.raises(ValueError, match=r"step\(closure\): a closure's gradients would be applied a step late"):
+        optimizer.step(lambda: 0.0)
+
+
+@pytest.mark.skipif(hvd.size() < 2, reason="a gradient is all-reduced only with two ranks or more")
+def test_staleness_refuses_sparse_gradients_on_every_rank():
+    embedding = torch.nn.Embedding(5, 2, sparse=True, dtype=torch.float64)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=LR),
+                                         named_parameters=embedding.named_parameters(), staleness=1)
+    with pytest.raises(ValueError, match="the gradient of 'weight' is sparse .* delayed gradients are dense only"):
+        embedding(torch.tensor([1, 3])).sum().backward()
+    del optimizer
