@@ -19,6 +19,7 @@ the step there has no host side to keep the previous step's gradients.
 import keras
 import numpy as np
 
+from ..common.staleness import staleness_setting
 from ..core import collectives
 
 __all__ = ["DelayedGradients", "checked_staleness"]
@@ -27,10 +28,7 @@ __all__ = ["DelayedGradients", "checked_staleness"]
 def checked_staleness(staleness, backend: str, weighted: bool, passes: int) -> int:
     """`staleness` as an int, 0 or 1; ValueError for another value, or for 1 with what it does
     not serve, NotImplementedError for 1 on a backend it does not run on."""
-    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness not in (0, 1):
-        raise ValueError(f"DistributedOptimizer: staleness must be 0 (synchronous) or 1 (apply each step's "
-                         f"averaged gradients one step later), got {staleness!r}")
-    if not staleness:
+    if not staleness_setting(staleness):
         return 0
     if backend == "tensorflow":
         raise NotImplementedError(
