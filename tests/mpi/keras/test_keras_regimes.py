@@ -22,26 +22,22 @@ hvd.init()
 
 pytestmark = pytest.mark.timeout(120)
 
-# Rates that float32 holds exactly: Keras keeps the learning rate in a float32 variable, and on
-# tensorflow Adam's (1 - beta_2 ** t) comes out as with beta_2 in float32 (0.999 would be 1.3e-5 off
-# there, 6e-6 in a step), where the replay computes in float64.
+# Rates that float32 holds exactly: Keras keeps the learning rate in a float32 variable, and on the
+# tensorflow and torch backends a Python float such as the momentum or Adam's beta_2 becomes a
+# float32 tensor before it is cast to the variable's dtype (0.9 is 2.4e-8 off there, and 0.999 makes
+# Adam's bias correction 6e-6 off in a step), where the replay computes in float64.
 LR = 0.046875
+MOMENTUM = 0.875
 BETAS = (0.875, 0.998046875)
-
-
-def held_by_keras(lr):
-    """A learning rate as Keras holds it: a float32 variable (DiLoCo's outer 0.7 is 0.69999999)."""
-    return float(np.float32(lr))
-
+# DiLoCo's outer step: Nesterov SGD as the default's (lr 0.7, momentum 0.9), in such numbers.
+OUTER_LR, OUTER_MOMENTUM = 0.75, 0.875
 
 # Each optimizer by name: (the Keras one, the replay's). Keras' SGD keeps m = momentum * m - lr * g
 # where torch keeps b = momentum * b + g: the same steps at a constant learning rate.
 OPTIMIZERS = {
-    "sgd-momentum": (lambda: keras.optimizers.SGD(LR, momentum=0.9), lambda: Sgd(LR, momentum=0.9)),
+    "sgd-momentum": (lambda: keras.optimizers.SGD(LR, momentum=MOMENTUM), lambda: Sgd(LR, momentum=MOMENTUM)),
     "adam": (lambda: keras.optimizers.Adam(LR, beta_1=BETAS[0], beta_2=BETAS[1]), lambda: KerasAdam(LR, BETAS)),
 }
-# DiLoCo's default outer optimizer, keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True).
-OUTER = lambda: Sgd(held_by_keras(0.7), momentum=0.9, nesterov=True)  # noqa: E731
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -116,8 +112,10 @@ def test_local_sgd_matches_its_replay(optimizer_name, average_state, rank, size)
 def test_diloco_with_a_nesterov_outer_step_matches_its_replay(rank, size):
     keras_sgd, replay_sgd = OPTIMIZERS["sgd-momentum"]
     steps, period = 15, 5
-    callback = hvd.callbacks.DiLoCoCallback(period=period)
-    replay = replay_diloco(replay_sgd, size, steps, period, OUTER)
+    outer = keras.optimizers.SGD(OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
+    callback = hvd.callbacks.DiLoCoCallback(period=period, outer_optimizer=outer)
+    replay = replay_diloco(replay_sgd, size, steps, period,
+                           lambda: Sgd(OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True))
     assert_follows(fit(make_model(keras_sgd()), steps, callback), replay, rank)
     assert_ranks_drift_apart(replay, period)
 
@@ -177,6 +175,13 @@ def test_a_warm_up_needs_the_distributed_optimizer():
     with pytest.raises(ValueError, match=r"warm-up steps average the gradients; compile the model with "
                                          r"hvd\.DistributedOptimizer"):
         fit(make_model(keras_sgd()), 4, callback)
+
+
+def test_diloco_steps_outside_by_the_papers_nesterov_sgd_by_default():
+    outer = hvd.callbacks.DiLoCoCallback(period=5).outer_optimizer
+    config = outer.get_config()
+    assert (type(outer), config["momentum"], config["nesterov"]) == (keras.optimizers.SGD, 0.9, True)
+    assert config["learning_rate"] == pytest.approx(0.7)
 
 
 def test_bad_settings_are_refused():
