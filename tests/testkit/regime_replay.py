@@ -171,9 +171,9 @@ def replay_delayed(make_optimizer, nranks, steps, averaged=None):
     return trajectory
 
 
-def assert_follows(trajectory, replay, rank):
+def assert_follows(trajectory, replay, rank, atol=1e-12):
     """A rank's run (its parameters after each step) is the replay's for that rank."""
-    np.testing.assert_allclose(trajectory, replay[rank], rtol=RTOL, atol=1e-12)
+    np.testing.assert_allclose(trajectory, replay[rank], rtol=RTOL, atol=atol)
 
 
 def assert_ranks_drift_apart(replay, step):

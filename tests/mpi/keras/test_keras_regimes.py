@@ -14,7 +14,8 @@ import pytest
 import keras
 import hvdplus.keras as hvd
 
-from testkit.regime_replay import (BATCH, FEATURES, THETA0, KerasAdam, Sgd, assert_follows, assert_ranks_drift_apart,
+from testkit import regime_replay
+from testkit.regime_replay import (BATCH, FEATURES, THETA0, KerasAdam, Sgd, assert_ranks_drift_apart,
                                    assert_state_averaging_matters, assert_unlike_training_alone, rank_data,
                                    replay_delayed, replay_diloco, replay_local_sgd, replay_synchronous)
 
@@ -31,6 +32,11 @@ MOMENTUM = 0.875
 BETAS = (0.875, 0.998046875)
 # DiLoCo's outer step: Nesterov SGD as the default's (lr 0.7, momentum 0.9), in such numbers.
 OUTER_LR, OUTER_MOMENTUM = 0.75, 0.875
+
+# On Keras' torch backend the runs differ from the replay by up to 3.3e-8 in parameters of order 1
+# (seen at 2 and 3 ranks, in SGD with momentum and DiLoCo; the source is not found): 1e-8 of the
+# scale, which rtol 1e-6 covers except where a parameter passes near zero. ATOL there is 6x that.
+ATOL = 2e-7 if keras.backend.backend() == "torch" else 1e-12
 
 # Each optimizer by name: (the Keras one, the replay's). Keras' SGD keeps m = momentum * m - lr * g
 # where torch keeps b = momentum * b + g: the same steps at a constant learning rate.
@@ -72,6 +78,10 @@ class Trajectory(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         kernel, bias = self.model.get_weights()
         self.thetas.append(np.concatenate([kernel.ravel(), bias]))
+
+
+def assert_follows(trajectory, replay, rank):
+    regime_replay.assert_follows(trajectory, replay, rank, atol=ATOL)
 
 
 def fit(model, steps, callback):
@@ -180,7 +190,8 @@ def test_a_warm_up_needs_the_distributed_optimizer():
 def test_diloco_steps_outside_by_the_papers_nesterov_sgd_by_default():
     outer = hvd.callbacks.DiLoCoCallback(period=5).outer_optimizer
     config = outer.get_config()
-    assert (type(outer), config["momentum"], config["nesterov"]) == (keras.optimizers.SGD, 0.9, True)
+    # (On the torch backend Keras makes it its own subclass of keras.optimizers.SGD.)
+    assert isinstance(outer, keras.optimizers.SGD) and (config["momentum"], config["nesterov"]) == (0.9, True)
     assert config["learning_rate"] == pytest.approx(0.7)
 
 
