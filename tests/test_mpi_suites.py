@@ -129,6 +129,7 @@ def test_algorithms_with_simulated_nodes(mpi_job, nranks, ranks_per_node):
 @pytest.mark.timeout(400)
 # One job size a backend, odd and even among them: the ranks' arithmetic is the core's,
 # which its own suites run at every size.
+# (tests/test_training_regimes.py runs test_keras_regimes.py at each backend's other size.)
 @pytest.mark.parametrize("backend, nranks", [("torch", 3), ("tensorflow", 2), ("jax", 2)])
 def test_keras_on_each_backend(mpi_job, backend, nranks):
     if importlib.util.find_spec("keras") is None or importlib.util.find_spec(backend) is None:

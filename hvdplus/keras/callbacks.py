@@ -5,10 +5,12 @@ import keras
 from ..core import fit_callbacks, runtime
 from .functions import broadcast_variables
 from .load_balance_callback import LoadBalanceCallback
+from .model_averaging import DiLoCoCallback, LocalSGDCallback
 
 __all__ = [
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
-    "LearningRateScheduleCallback", "BestModelCheckpoint", "LoadBalanceCallback",
+    "LearningRateScheduleCallback", "BestModelCheckpoint", "LoadBalanceCallback", "LocalSGDCallback",
+    "DiLoCoCallback",
 ]
 
 

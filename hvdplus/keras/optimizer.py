@@ -33,7 +33,8 @@ from ..core.process_sets import ProcessSet, global_process_set, is_job
 from . import backends
 from .backends.step_weight import StepWeight
 from .compression import Compression
-from .mpi_ops import allreduce_gradients
+from .mpi_ops import GRADIENTS_GROUP, allreduce_gradients
+from .staleness import DelayedGradients, checked_staleness
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "distributed_class"]
 
@@ -51,17 +52,23 @@ class _DistributedOptimizer:
     _hvdplus_load_balancer = None
     _hvdplus_weighted = False  # whether the step's all-reduce reads a count (fixed once traced)
     _hvdplus_traced_plain = False  # whether a compiled step holds the unweighted all-reduce
+    _hvdplus_paused = False  # local steps: no all-reduce (LocalSGDCallback after its warm-up)
+    _hvdplus_delayed = None  # with staleness=1: the DelayedGradients in flight
     # When a step first read its count since this was cleared: its gradients are computed
     # then, before the all-reduce waits for the other ranks (LoadBalanceCallback's measure).
     _hvdplus_count_read_at = None
 
     def _hvdplus_configure(self, op, backward_passes_per_step, average_aggregated_gradients,
                            gradient_predivide_factor, compression=None, process_set=None, local_samples=None,
-                           load_balancer=None):
+                           load_balancer=None, staleness=0):
         if local_samples is not None or load_balancer is not None:
             check_weighted_op(op, "DistributedOptimizer(local_samples=, load_balancer=)")
         self._hvdplus_local_samples, self._hvdplus_load_balancer = local_samples, load_balancer
         self._hvdplus_weighted = local_samples is not None or load_balancer is not None
+        if checked_staleness(staleness, keras.backend.backend(), self._hvdplus_weighted, backward_passes_per_step):
+            if compression not in (None, Compression.none):
+                raise ValueError("DistributedOptimizer(staleness=1): compression of delayed gradients is not supported")
+            self._hvdplus_delayed = DelayedGradients(f"{GRADIENTS_GROUP}.delayed")
         if process_set is not None and not isinstance(process_set, ProcessSet):
             raise TypeError(f"DistributedOptimizer: process_set must be an hvdplus ProcessSet, "
                             f"got {type(process_set).__name__}")
@@ -88,7 +95,16 @@ class _DistributedOptimizer:
     def _hvdplus_reduces(self) -> bool:
         """Whether this rank all-reduces its gradients: with others, in its process set."""
         process_set = self._hvdplus_process_set
-        return self._hvdplus_size() > 1 and (process_set is None or process_set.included())
+        return (not self._hvdplus_paused and self._hvdplus_size() > 1
+                and (process_set is None or process_set.included()))
+
+    def _hvdplus_pause(self, paused: bool) -> bool:
+        """Take local steps, applying this rank's own gradients (`paused`), or all-reduce them
+        again; returns whether that changed. A step compiled before holds what it traced: the
+        caller has Keras make it again (model.make_train_function(force=True))."""
+        changed = self._hvdplus_paused != bool(paused)
+        self._hvdplus_paused = bool(paused)
+        return changed
 
     def _hvdplus_scale_to_size(self):
         """The reduction for the size of the job or process set (gradient_predivide_factor
@@ -115,6 +131,9 @@ class _DistributedOptimizer:
         """
         if samples is not None:
             check_weighted_op(self._hvdplus_options[0], "DistributedOptimizer.set_local_samples()")
+            if self._hvdplus_delayed is not None:
+                raise ValueError(f"DistributedOptimizer(staleness=1).set_local_samples({samples}): weighted averages "
+                                 "of delayed gradients are not supported; use staleness=0")
             if not self._hvdplus_weighted and self._hvdplus_traced_plain:
                 raise RuntimeError(
                     f"DistributedOptimizer.set_local_samples({samples}): the training step was already compiled "
@@ -139,9 +158,23 @@ class _DistributedOptimizer:
 
     def apply(self, grads, trainable_variables=None):
         if self._hvdplus_reduces() and not self._hvdplus_reduced_by_caller:
+            if self._hvdplus_delayed is not None:
+                grads = self._hvdplus_exchange_delayed(grads)
+                if grads is None:
+                    return None  # the first step: its gradients are only sent
+                return super().apply(grads, trainable_variables)
             variables = trainable_variables if trainable_variables is not None else self._trainable_variables
             grads = self._hvdplus_reduced(grads, variables)
         return super().apply(grads, trainable_variables)
+
+    def _hvdplus_exchange_delayed(self, grads):
+        """With staleness=1: send this step's gradients, and return the previous step's
+        averaged (None in the first step)."""
+        if backends.for_backend(keras.backend.backend()).traced([g for g in grads if g is not None]):
+            raise ValueError("DistributedOptimizer(staleness=1): the gradients are traced into a compiled step here "
+                             "(a train_step of one's own, or keras.distribution, on jax), where the previous step's "
+                             "cannot be kept; use Keras' own train_step, or staleness=0")
+        return self._hvdplus_delayed.exchange(list(grads), self._hvdplus_reduction, self._hvdplus_process_set)
 
     def _hvdplus_reduced(self, grads, variables):
         """`grads` of `variables` as this optimizer applies them: all-reduced over the set
@@ -182,7 +215,7 @@ def distributed_class(optimizer_class):
 def DistributedOptimizer(optimizer, compression=None, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, gradient_predivide_factor=1.0,
                          sparse_as_dense=False, process_set=global_process_set, local_samples=None,
-                         load_balancer=None):
+                         load_balancer=None, staleness=0):
     """Wrap a Keras 3 optimizer so that the gradients it applies are all-reduced first.
 
     Args:
@@ -203,10 +236,16 @@ def DistributedOptimizer(optimizer, compression=None, op=Average, backward_passe
             Counts that are negative, or sum to zero, raise on every rank.
         load_balancer: an hvdplus LoadBalancer whose `local_batch_size()`, read when each
             step runs, is the count (when no count is set).
+        staleness: 0 (default): each step applies its own averaged gradients. 1: step t
+            applies the gradients averaged in step t-1, whose all-reduce runs behind step t's
+            forward and backward; step 0 only sends its gradients. On the torch and jax
+            backends, with Keras' own train_step; not with local_samples=, load_balancer=,
+            compression or backward_passes_per_step > 1 (see staleness.py).
     """
     wrapped = distributed_class(type(optimizer)).from_config(optimizer.get_config())
     wrapped._hvdplus_configure(op, backward_passes_per_step, average_aggregated_gradients,
-                               gradient_predivide_factor, compression, process_set, local_samples, load_balancer)
+                               gradient_predivide_factor, compression, process_set, local_samples, load_balancer,
+                               staleness)
     return wrapped
 
 

@@ -38,6 +38,7 @@ from ..common.errors import HvdplusError
 from ..common.reduce_ops import Average
 from ..common.scaling import Reduction, gradient_reduction
 from ..common.sparse import gathered
+from ..common.staleness import staleness_setting
 from ..core import runtime
 from ..core.join import JoinHook
 from ..core.load_balance import check_weighted_op
@@ -500,9 +501,7 @@ class _DistributedOptimizer:
 
 def _checked_staleness(staleness, load_balancer) -> int:
     """The staleness as an int, 0 or 1; ValueError for another, or for one with load_balancer=."""
-    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness not in (0, 1):
-        raise ValueError(f"DistributedOptimizer: staleness must be 0 (synchronous) or 1 (apply each step's "
-                         f"averaged gradients one step later), got {staleness!r}")
+    staleness = staleness_setting(staleness)
     if staleness and load_balancer is not None:
         raise ValueError("DistributedOptimizer(staleness=1, load_balancer=...): weighted averages of delayed "
                          "gradients are not supported; use staleness=0")

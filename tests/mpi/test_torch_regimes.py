@@ -12,12 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 import hvdplus.torch as hvd  # noqa: E402
 from testkit.regime_replay import (  # noqa: E402
-    BATCH, FEATURES, THETA0, Adam, Sgd, gradient, rank_data, replay_delayed, replay_diloco, replay_local_sgd,
-    replay_synchronous)
+    BATCH, FEATURES, RTOL, THETA0, Adam, Sgd, assert_follows, assert_ranks_drift_apart,
+    assert_state_averaging_matters, assert_unlike_training_alone, gradient, rank_data, replay_delayed, replay_diloco,
+    replay_local_sgd, replay_synchronous)
 
 pytestmark = pytest.mark.timeout(120)
 
-RTOL = 1e-6
 LR = 0.05
 # Each optimizer by name: (the torch one, the replay's).
 OPTIMIZERS = {
@@ -52,16 +52,6 @@ def train(model, optimizer, steps, after_step=None, start=0):
     return np.array(trajectory)
 
 
-def assert_follows(trajectory, replay, rank):
-    np.testing.assert_allclose(trajectory, replay[rank], rtol=RTOL, atol=1e-12)
-
-
-def assert_ranks_drift_apart(replay, step):
-    """The replay's ranks differ after `step`: a run that never stopped averaging would fail."""
-    if len(replay) > 1:
-        assert not np.allclose(replay[0, step], replay[1, step], rtol=RTOL), step
-
-
 def test_local_sgd_averaging_every_step_is_synchronous_training(rank, size):
     # With SGD and momentum, averaging the parameters after every local step is averaging the
     # gradients: the momentum buffers' mean follows the mean gradient, since the update is linear.
@@ -74,9 +64,7 @@ def test_local_sgd_averaging_every_step_is_synchronous_training(rank, size):
     replay = replay_synchronous(replay_sgd, size, steps)
     assert_follows(train(local_model, local, steps), replay, rank)
     assert_follows(train(synchronous_model, synchronous, steps), replay, rank)
-    local_only = replay_local_sgd(replay_sgd, size, steps, period=steps + 1, warmup_steps=0)
-    if size > 1:  # the data differ per rank, so training alone would end elsewhere
-        assert not np.allclose(local_only[rank, 1], replay[rank, 1], rtol=RTOL)
+    assert_unlike_training_alone(replay_sgd, replay, rank, steps)
 
 
 @pytest.mark.parametrize("average_state", [False, True], ids=["parameters", "parameters-and-state"])
@@ -92,9 +80,7 @@ def test_local_sgd_matches_its_replay(optimizer_name, average_state, rank, size)
     assert_follows(train(model, optimizer, steps), replay, rank)
     assert_ranks_drift_apart(replay, warmup + 1)
     assert optimizer.state_dict()["local_sgd_step"] == steps
-    other = replay_local_sgd(replay_optimizer, size, steps, period, warmup, not average_state)
-    if size > 1:  # averaging the optimizer's state changes the run
-        assert not np.allclose(other[rank, -1], replay[rank, -1], rtol=RTOL)
+    assert_state_averaging_matters(replay_optimizer, replay, rank, steps, period, warmup, average_state)
 
 
 def test_periodic_model_averager_in_a_users_loop_matches_the_replay(rank, size):

@@ -1,4 +1,5 @@
-"""The numpy replay of the training regimes (tests/mpi/test_torch_regimes.py): every rank's data
+"""The numpy replay of the training regimes (tests/mpi/test_torch_regimes.py and
+tests/mpi/keras/test_keras_regimes.py), and the checks that hold a run to it: every rank's data
 (seeded by its rank alone), a linear model's least-squares gradient, SGD with momentum and Adam
 written out in numpy, and the regimes themselves (synchronous, local SGD, DiLoCo) over all the
 ranks at once. No framework and no hvdplus: the in-rank tests hold a real run's trajectory to
@@ -9,9 +10,11 @@ is the mean squared error over a batch, as torch.nn.functional.mse_loss computes
 
 import numpy as np
 
-__all__ = ["FEATURES", "BATCH", "THETA0", "rank_data", "gradient", "Sgd", "Adam",
-           "replay_synchronous", "replay_local_sgd", "replay_diloco", "replay_delayed"]
+__all__ = ["FEATURES", "BATCH", "THETA0", "rank_data", "gradient", "Sgd", "Adam", "KerasAdam",
+           "replay_synchronous", "replay_local_sgd", "replay_diloco", "replay_delayed", "RTOL", "assert_follows",
+           "assert_ranks_drift_apart", "assert_unlike_training_alone", "assert_state_averaging_matters"]
 
+RTOL = 1e-6  # a run's trajectory against its replay's, both float64
 FEATURES, BATCH = 3, 8
 THETA0 = np.array([0.5, -0.25, 0.125, 0.1])  # the same start on every rank: weights, then bias
 
@@ -25,7 +28,8 @@ def rank_data(rank, steps):
     batches = [(rng.standard_normal((BATCH, FEATURES)), 0.1 * rng.standard_normal(BATCH)) for _ in range(steps)]
     x = np.array([batch for batch, _ in batches]).reshape(steps, BATCH, FEATURES)
     y = x @ target[:-1] + target[-1] + np.array([noise for _, noise in batches]).reshape(steps, BATCH)
-    return x, y
+    # Numbers that float32 holds exactly: Keras casts float arrays given to fit() to floatx.
+    return x.astype(np.float32).astype(np.float64), y.astype(np.float32).astype(np.float64)
 
 
 def gradient(theta, x, y):
@@ -78,6 +82,21 @@ class Adam:
     @state.setter
     def state(self, arrays):
         self.m, self.v = arrays
+
+
+class KerasAdam(Adam):
+    """keras.optimizers.Adam: torch's, but with epsilon added to sqrt(v) before the bias
+    correction of v (Keras' default epsilon is 1e-7)."""
+
+    def __init__(self, lr, betas=(0.9, 0.999), eps=1e-7):
+        super().__init__(lr, betas, eps)
+
+    def step(self, theta, grad):
+        self.steps += 1
+        self.m = self.m + (grad - self.m) * (1 - self.beta1)
+        self.v = self.v + (grad * grad - self.v) * (1 - self.beta2)
+        alpha = self.lr * np.sqrt(1 - self.beta2 ** self.steps) / (1 - self.beta1 ** self.steps)
+        return theta - alpha * self.m / (np.sqrt(self.v) + self.eps)
 
 
 def _mean(arrays):
@@ -150,3 +169,30 @@ def replay_delayed(make_optimizer, nranks, steps, averaged=None):
         previous = grad
         trajectory[:, step] = theta
     return trajectory
+
+
+def assert_follows(trajectory, replay, rank, atol=1e-12):
+    """A rank's run (its parameters after each step) is the replay's for that rank."""
+    np.testing.assert_allclose(trajectory, replay[rank], rtol=RTOL, atol=atol)
+
+
+def assert_ranks_drift_apart(replay, step):
+    """The replay's ranks differ after `step`: a run that never stopped averaging would fail."""
+    if len(replay) > 1:
+        assert not np.allclose(replay[0, step], replay[1, step], rtol=RTOL), step
+
+
+def assert_unlike_training_alone(make_optimizer, replay, rank, steps):
+    """The ranks' data differ, so a rank training alone ends elsewhere than `replay` after its
+    second step: a run that never averaged would fail."""
+    if len(replay) > 1:
+        alone = replay_local_sgd(make_optimizer, len(replay), steps, period=steps + 1, warmup_steps=0)
+        assert not np.allclose(alone[rank, 1], replay[rank, 1], rtol=RTOL)
+
+
+def assert_state_averaging_matters(make_optimizer, replay, rank, steps, period, warmup_steps, average_state):
+    """Local SGD with the optimizer's state averaged (or not, the other way from `replay`) ends
+    elsewhere: a run that got `average_state` wrong would fail."""
+    if len(replay) > 1:
+        other = replay_local_sgd(make_optimizer, len(replay), steps, period, warmup_steps, not average_state)
+        assert not np.allclose(other[rank, -1], replay[rank, -1], rtol=RTOL)

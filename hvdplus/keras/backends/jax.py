@@ -102,11 +102,14 @@ def split_train_step(model):
         return grads, aux
 
     def update(state, grads, aux, data):
+        """The step's update, and its metrics; `grads` None: the metrics alone (the first step
+        of staleness=1, which applies nothing)."""
         trainable, _, optimizer_variables, _ = state
         unscaled_loss, y_pred, non_trainable, metrics = aux
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        with optimizer._hvdplus_applying_reduced():
-            trainable, optimizer_variables = optimizer.stateless_apply(optimizer_variables, grads, trainable)
+        if grads is not None:
+            with optimizer._hvdplus_applying_reduced():
+                trainable, optimizer_variables = optimizer.stateless_apply(optimizer_variables, grads, trainable)
         logs, metrics = model._update_metrics_variables(metrics, unscaled_loss, x, y, y_pred, sample_weight)
         return logs, (trainable, non_trainable, optimizer_variables, metrics)
 
@@ -115,7 +118,11 @@ def split_train_step(model):
     def step(state, data):
         grads, aux = gradients(state, data)
         if optimizer._hvdplus_reduces():
-            grads = optimizer._hvdplus_reduced(grads, optimizer._trainable_variables)
+            if optimizer._hvdplus_delayed is not None:
+                # The previous step's averaged gradients (None in the first step: metrics alone).
+                grads = optimizer._hvdplus_exchange_delayed(grads)
+            else:
+                grads = optimizer._hvdplus_reduced(grads, optimizer._trainable_variables)
         return update(state, grads, aux, data)
 
     return step
