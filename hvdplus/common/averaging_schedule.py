@@ -50,6 +50,26 @@ class AveragingSchedule:
         """Whether the parameters are averaged after `step`."""
         return step >= self.warmup_steps and (step - self.warmup_steps) % self.period == 0
 
+    def agreed_after(self, steps_taken: int) -> bool:
+        """Whether the ranks hold the same parameters once `steps_taken` steps are done: none
+        yet, or the last one was synchronous or averaged after."""
+        last = steps_taken - 1
+        return steps_taken == 0 or self.synchronous(last) or self.averages_after(last)
+
+    def next_average(self, step: int) -> int:
+        """The first step from `step` on after which the parameters are averaged."""
+        if step <= self.warmup_steps:
+            return self.warmup_steps
+        return self.warmup_steps + -(-(step - self.warmup_steps) // self.period) * self.period
+
+    def between_averages(self, steps_taken: int, what: str) -> Optional[str]:
+        """None where the ranks hold the same parameters once `steps_taken` steps are done,
+        else why a state taken now is one rank's alone, for the error of `what`."""
+        if self.agreed_after(steps_taken):
+            return None
+        return (f"{what}: step {steps_taken - 1} was a local step, so each rank holds parameters of its "
+                f"own until the ranks average after step {self.next_average(steps_taken)}")
+
 
 def differences(columns: Sequence[str], rows: Sequence[Sequence[int]], ranks: Sequence[int]) -> Optional[str]:
     """None where every rank's row is the same, else what differs, by column and rank:
