@@ -30,21 +30,25 @@ class AveragingSchedule:
         period: steps between two averagings (1 or more).
         warmup_steps: synchronous steps before the first local one (0 or more).
         what: the caller's name, for the errors.
+        synchronous_warmup: whether the steps before `warmup_steps` average their gradients.
     """
 
-    def __init__(self, period: int, warmup_steps: int = 0, what: str = "PeriodicModelAverager"):
+    def __init__(self, period: int, warmup_steps: int = 0, what: str = "PeriodicModelAverager",
+                 synchronous_warmup: bool = True):
         self.period = _count(period, f"{what}: period", 1)
         self.warmup_steps = _count(warmup_steps, f"{what}: warmup_steps", 0)
+        # DiLoCo's first steps only put off its first average: they are local, not synchronous.
+        self.synchronous_warmup = synchronous_warmup
 
     @classmethod
     def after_every(cls, period: int, what: str) -> "AveragingSchedule":
         """The schedule of an average after every `period` steps: after steps period - 1,
         2 * period - 1, ... (DiLoCo's outer steps)."""
-        return cls(period, _count(period, f"{what}: period", 1) - 1, what)
+        return cls(period, _count(period, f"{what}: period", 1) - 1, what, synchronous_warmup=False)
 
     def synchronous(self, step: int) -> bool:
         """Whether `step` averages its gradients (a warm-up step)."""
-        return step < self.warmup_steps
+        return self.synchronous_warmup and step < self.warmup_steps
 
     def averages_after(self, step: int) -> bool:
         """Whether the parameters are averaged after `step`."""
