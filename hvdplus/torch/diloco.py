@@ -18,7 +18,7 @@ import torch
 from ..common.averaging_schedule import AveragingSchedule
 from ..core.process_sets import global_process_set
 from ..core.rank_agreement import require_same
-from .model_averaging import OptimizerWrapper, average_in_place, named_tensors
+from .model_averaging import AveragingPoints, OptimizerWrapper, average_in_place, named_tensors
 from .optimizer import _averages_here, wrapped_in
 
 __all__ = ["DiLoCo"]
@@ -27,7 +27,7 @@ __all__ = ["DiLoCo"]
 _OUTER_LR, _OUTER_MOMENTUM = 0.7, 0.9
 
 
-class _DiLoCo(OptimizerWrapper):
+class _DiLoCo(AveragingPoints, OptimizerWrapper):
     """Mixed in before the inner optimizer's class, as DistributedOptimizer is."""
 
     def _diloco_setup(self, model_or_params, outer_optimizer, period, process_set, name):
@@ -75,6 +75,9 @@ class _DiLoCo(OptimizerWrapper):
                 param.grad = None
 
     _own_state_key = "diloco"
+
+    def _averaging_position(self):
+        return self._diloco_schedule, self._diloco_step, "DiLoCo"
 
     def _own_state(self):
         outer_params = None if self._diloco_outer_params is None else [p.clone() for p in self._diloco_outer_params]

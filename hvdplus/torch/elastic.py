@@ -13,6 +13,8 @@
 
 Models and optimizers roll back through their state dicts, and sync by broadcasting them
 from the rank with the newest commit; an ElasticSampler re-shards what is left of its epoch over the new ranks.
+With a LocalSGD or DiLoCo optimizer, commit where the ranks' parameters agree
+(`if optimizer.averaged: state.commit()`); `commit()` refuses elsewhere.
 """
 
 import copy
@@ -215,6 +217,23 @@ class TorchState(State):
             self._track("optimizer", optimizer)
         for name, value in values.items():
             self._track(name, value)
+
+    def commit(self) -> None:
+        """Save every value (see State.commit); with a LocalSGD or DiLoCo optimizer, only where
+        it has `averaged`, else ValueError, naming the last step and the next averaging point.
+
+        A re-formed job resumes from one rank's copy of the commit, on every rank. Between
+        averaging points each rank's parameters are its own, so a commit there would make
+        every rank resume from one rank's local model, dropping the others' local steps: a
+        state that no run of the algorithm reaches. Refusing, rather than quietly skipping
+        such commits, keeps every commit the user asked for a real one (a period that does
+        not divide the commit interval would otherwise never commit). Every rank counts the
+        same steps, so every rank raises alike and none waits in the commit's collectives."""
+        for name in self._handlers:
+            require_averaged = getattr(getattr(self, name), "_hvdplus_require_averaged", None)
+            if require_averaged is not None:
+                require_averaged(f"TorchState.commit() of {name!r}")
+        super().commit()
 
     def reset(self) -> None:
         for name in self._handlers:

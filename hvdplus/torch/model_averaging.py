@@ -27,7 +27,8 @@ from ..core.rank_agreement import require_same
 from .mpi_ops import grouped_allreduce_async_
 from .optimizer import _averages_here, _parameter_names, wrapped_in
 
-__all__ = ["PeriodicModelAverager", "LocalSGD", "named_tensors", "average_in_place", "OptimizerWrapper"]
+__all__ = ["PeriodicModelAverager", "LocalSGD", "named_tensors", "average_in_place", "OptimizerWrapper",
+           "AveragingPoints"]
 
 
 def named_tensors(params_or_module):
@@ -152,7 +153,33 @@ class OptimizerWrapper:
             self._load_own_state(own)
 
 
-class _LocalSGD(OptimizerWrapper):
+class AveragingPoints:
+    """For optimizer wrappers whose ranks train apart between averaging points (LocalSGD,
+    DiLoCo): `averaged` tells whether the ranks hold the same parameters now, the only moments
+    at which a commit of hvd.elastic is a state of the whole job. A subclass gives
+    `_averaging_position()`: its schedule, the steps it has taken, and its name."""
+
+    def _averaging_position(self):
+        raise NotImplementedError
+
+    @property
+    def averaged(self) -> bool:
+        """True where the ranks hold the same parameters, by the schedule (the same on every
+        rank): before the first step(), and after a step() that averaged the gradients (a
+        warm-up step) or the parameters (an averaging point). Commit elastic states then:
+        `if optimizer.averaged: state.commit()`."""
+        schedule, steps, _ = self._averaging_position()
+        return schedule.agreed_after(steps)
+
+    def _hvdplus_require_averaged(self, what):
+        """Raise ValueError, naming the step and the next averaging point, unless `averaged`."""
+        schedule, steps, name = self._averaging_position()
+        error = schedule.between_averages(steps, f"{what} with {name}")
+        if error is not None:
+            raise ValueError(f"{error}; commit where optimizer.averaged is True")
+
+
+class _LocalSGD(AveragingPoints, OptimizerWrapper):
     """Mixed in before the user's optimizer class, as DistributedOptimizer is, so the wrapped
     optimizer stays an instance of that class (schedulers, state_dict and isinstance keep
     working)."""
@@ -200,6 +227,10 @@ class _LocalSGD(OptimizerWrapper):
         return loss
 
     _own_state_key = "local_sgd_step"
+
+    def _averaging_position(self):
+        averager = self._local_sgd_averager
+        return averager.schedule, averager.step, "LocalSGD"
 
     def _own_state(self):
         return self._local_sgd_averager.step

@@ -162,6 +162,65 @@ def test_diloco_resumes_from_its_state_dict_between_outer_steps(rank, size):
     assert_follows(trained_in_two_runs(wrap, steps, stop=8), replay, rank)
 
 
+def all_ranks_alike(model):
+    """Whether every rank holds the same parameters, bit for bit."""
+    thetas = hvd.allgather_object(flat(model).tobytes(), name="regimes.alike")
+    return all(theta == thetas[0] for theta in thetas)
+
+
+def wrapped_for(regime, model, name, **settings):
+    sgd = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    if regime == "local_sgd":
+        return hvd.LocalSGD(sgd, model, name=name, **settings)
+    return hvd.DiLoCo(sgd, model, name=name, **settings)
+
+
+def steps_taken(optimizer):
+    own = optimizer.state_dict()
+    return own["local_sgd_step"] if "local_sgd_step" in own else own["diloco"]["step"]
+
+
+@pytest.mark.parametrize("regime, settings, agreed", [
+    # Steps 0-2 synchronous, then averages after steps 3 and 7.
+    ("local_sgd", {"period": 4, "warmup_steps": 3}, [True, True, True, True, False, False, False, True, False]),
+    # Outer steps after steps 4 and 9.
+    ("diloco", {"period": 5}, [False, False, False, False, True, False, False, False, False, True]),
+])
+def test_averaged_says_where_every_ranks_parameters_are_the_same(regime, settings, agreed, rank, size):
+    model = make_model()
+    optimizer = wrapped_for(regime, model, "agreed", **settings)
+    averaged, alike = [optimizer.averaged], [all_ranks_alike(model)]
+
+    def after_step(step):
+        averaged.append(optimizer.averaged)
+        alike.append(all_ranks_alike(model))
+
+    train(model, optimizer, len(agreed), after_step)
+    assert averaged == [True] + agreed
+    if size > 1:  # the ranks train on data of their own, so their parameters differ after a local step
+        assert alike == [True] + agreed
+
+
+@pytest.mark.parametrize("regime, settings, first_steps", [("local_sgd", {"period": 4}, 1),
+                                                            ("diloco", {"period": 5}, 0)])
+def test_torch_state_commits_only_where_the_ranks_parameters_agree(regime, settings, first_steps, rank, size):
+    model = make_model()
+    optimizer = wrapped_for(regime, model, "commits", **settings)
+    state = hvd.elastic.TorchState(model, optimizer, epoch=0)
+    train(model, optimizer, first_steps)  # LocalSGD averages after step 0; DiLoCo is yet to step
+    state.commit()
+    committed = flat(model)
+    train(model, optimizer, 3, start=first_steps)
+    name = "LocalSGD" if regime == "local_sgd" else "DiLoCo"
+    with pytest.raises(ValueError, match=rf"^TorchState.commit\(\) of 'optimizer' with {name}: step 2 was a local "
+                       r"step, so each rank holds parameters of its own until the ranks average after step 4; "
+                       r"commit where optimizer.averaged is True$"):
+        state.commit()
+    state.restore()
+    np.testing.assert_array_equal(flat(model), committed)
+    assert steps_taken(optimizer) == first_steps and optimizer.averaged
+
+
 @pytest.fixture
 def job_still_works_afterwards(size):
     yield
