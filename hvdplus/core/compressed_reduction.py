@@ -16,7 +16,7 @@ import inspect
 
 import numpy as np
 
-from ..common.errors import HvdplusError
+from ..common.errors import TensorMismatchError
 from .collectives import allgather_object
 from .communication_stats import count_payload, count_tensor
 
@@ -69,10 +69,10 @@ class LossyCompression:
         stages = self._stages(array, name, state, factor, process_set)
         try:
             yield from stages
-        except (HvdplusError, TypeError, ValueError) as error:
+        except TensorMismatchError as error:
             # Ranks that disagree on compression submit different collectives under one name.
-            raise type(error)(f"{error}\n  this rank reduces '{name}' with {self!r}; every rank must use the "
-                              "same compression") from None
+            raise TensorMismatchError(f"{error}\n  this rank reduces '{name}' with {self!r}; every rank must use "
+                                      "the same compression") from None
 
     def _stages(self, array, name, state, factor, process_set):
         raise NotImplementedError

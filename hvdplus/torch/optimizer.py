@@ -260,6 +260,12 @@ class _DistributedOptimizer:
             self.state[param].update(store)
         self._early_state = {}
 
+    def load_state_dict(self, state_dict):
+        # The loaded state holds the compression state it was saved with (or none): what this
+        # optimizer kept aside before its first step is older.
+        self._early_state = {}
+        return super().load_state_dict(state_dict)
+
     def _allreduce_gradient(self, param):
         """Submit one gradient's all-reduce; returns the function that finishes it."""
         if self._sparse_kept(param):
