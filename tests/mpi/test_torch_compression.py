@@ -115,7 +115,7 @@ def test_int8_sums_of_large_values_do_not_overflow(rank, size):
         if op == hvd.Average:
             assert np.isfinite(reduced[1024:2048]).all()
             big = [3.0e38 * (1 if r % 2 == 0 else 0.999) for r in range(size)]
-            np.testing.assert_allclose(reduced[1024:2048], np.mean(np.float32(big)), rtol=1 / 127)
+            np.testing.assert_allclose(reduced[1024:2048], np.mean(big), rtol=1 / 127)
 
 
 # -- error feedback: the applied updates track the true ones --------------------------------
@@ -322,7 +322,7 @@ DIGIT_COMPRESSIONS = {
 
 
 def digits_accuracy(compression, rank, size):
-    """Test accuracy of a 64-32-10 MLP after 60 Adam steps on this rank's share of digits, and
+    """Test accuracy of a 64-32-10 MLP after 150 Adam steps on this rank's share of digits, and
     the bytes its last step handed to collectives."""
     datasets = pytest.importorskip("sklearn.datasets")
     digits = datasets.load_digits()
@@ -336,7 +336,7 @@ def digits_accuracy(compression, rank, size):
     optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters(), compression=compression)
     hvd.reset_communication_stats()
-    for step in range(60):
+    for step in range(150):
         batch = mine[(step * 64) % len(mine):][:64]
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
