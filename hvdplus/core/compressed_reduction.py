@@ -13,17 +13,21 @@ so checkpoints, broadcast_optimizer_state and elastic commits carry it.
 """
 
 import inspect
+import zlib
 
 import numpy as np
 
 from ..common.errors import TensorMismatchError
-from .collectives import allgather_object
+from ..common.reduce_ops import ReduceOp
+from .collectives import allgather_object, allreduce
 from .communication_stats import count_payload, count_tensor
 
 __all__ = ["LossyCompression", "ArrayState", "ERROR_KEY", "started", "finish_all", "reduce_now",
            "require_same_compression", "compression_label"]
 
 ERROR_KEY = "compression_error"
+# Above every code (a CRC-32 plus one), so that K - code stays positive.
+_CODES = 2 ** 33
 
 
 class ArrayState:
@@ -136,13 +140,20 @@ def compression_label(compression) -> str:
 
 
 def require_same_compression(compression, what, process_set=None) -> None:
-    """Raise ValueError on every rank unless every rank of `process_set` compresses alike."""
+    """Raise ValueError on every rank unless every rank of `process_set` compresses alike.
+
+    One MAX all-reduce of (code, K - code) gives the largest and the smallest code; an
+    all-reduce, unlike an allgather, runs beside ranks that have joined (hvd.Join), whose zeros
+    change neither. Only where the codes differ are the descriptions gathered, to name them."""
     mine = repr(compression) if isinstance(compression, LossyCompression) else compression_label(compression)
-    every = allgather_object(mine, name=f"{what}.compression", process_set=process_set)
-    if len(set(every)) > 1:
-        ranks = {}
-        for rank, description in enumerate(every):
-            ranks.setdefault(description, []).append(rank)
-        listed = "; ".join(f"{description} on ranks {members}" for description, members in ranks.items())
-        raise ValueError(f"{what}: the ranks compress differently ({listed}); pass the same compression= on "
-                         "every rank")
+    code = zlib.crc32(mine.encode()) + 1
+    largest, complement = allreduce(np.array([code, _CODES - code], dtype=np.int64), op=ReduceOp.MAX,
+                                    name=f"{what}.compression", process_set=process_set)
+    if largest == _CODES - complement:
+        return
+    every = allgather_object(mine, name=f"{what}.compressions", process_set=process_set)
+    ranks = {}
+    for rank, description in enumerate(every):
+        ranks.setdefault(description, []).append(rank)
+    listed = "; ".join(f"{description} on ranks {members}" for description, members in ranks.items())
+    raise ValueError(f"{what}: the ranks compress differently ({listed}); pass the same compression= on every rank")
