@@ -8,6 +8,7 @@
 
 from ..core.basics import *  # noqa: F401,F403 (init, rank, size, reduce ops, errors, build queries)
 from ..core.basics import __all__ as _BASICS
+from ..core.communication_stats import communication_stats, reset_communication_stats
 from ..core.join import Join
 from ..core.load_balance import LoadBalancer
 from . import elastic
@@ -27,5 +28,5 @@ __all__ = [
     "elastic", "LoadBalancer", "BalancedSampler",
     "Join", "Compression", "allgather_object", "broadcast_object", "broadcast_optimizer_state",
     "broadcast_parameters", "DistributedOptimizer", "recv", "recv_async", "send", "send_async", "SyncBatchNorm",
-    "PeriodicModelAverager", "LocalSGD", "DiLoCo",
+    "PeriodicModelAverager", "LocalSGD", "DiLoCo", "communication_stats", "reset_communication_stats",
 ]

@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from ..common.reduce_ops import Average, ReduceOp, Sum, reduce_op_from
-from ..common.scaling import reducescatter_gradient_factor
+from ..common.scaling import reducescatter_gradient_factor, scale_factor
 from ..common.sparse import GATHERED_OPS, divides_gathered
 from ..core import collectives, runtime
+from ..core.compressed_reduction import LossyCompression, finish_all
 from ..core.handles import Handle, HandleGroup
 from ..core.process_sets import ProcessSet, global_process_set, name_in, rank_in, size_in
 from .buffers import (
@@ -30,6 +31,7 @@ from .buffers import (
     to_tensor,
 )
 from .compression import Compression
+from .lossy_reduction import tensor_stages
 
 __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
@@ -135,9 +137,22 @@ def _number(weight):
 
 
 def _allreduce_plain(tensor, name, op, prescale_factor, postscale_factor, compression, process_set, weight=None):
+    if isinstance(compression, LossyCompression):
+        return _allreduce_lossy(tensor, name, op, prescale_factor, postscale_factor, compression, process_set, weight)
     wire, ctx = compression.compress(tensor)
     reduced = allreduce_async(wire, None, name, op, prescale_factor, postscale_factor, process_set, weight).wait()
     return compression.decompress(reduced, ctx)
+
+
+def _allreduce_lossy(tensor, name, op, prescale_factor, postscale_factor, compression, process_set, weight):
+    """An all-reduce with Compression.int8, .topk or .powersgd, without memory: no error
+    feedback, and PowerSGD starts from its seeded Q each call (see docs/compression.md)."""
+    if weight is not None or op not in (Average, Sum):
+        raise ValueError(f"allreduce '{name}' with compression={compression!r} takes op Average or Sum, unweighted")
+    result = tensor.detach().clone(memory_format=torch.contiguous_format)
+    factor = scale_factor(op, prescale_factor, postscale_factor, size_in(process_set, "allreduce"))
+    finish_all([tensor_stages(compression, result, name, None, factor, process_set)])
+    return result
 
 
 class _AllreduceFunction(torch.autograd.Function):

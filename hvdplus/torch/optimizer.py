@@ -35,16 +35,20 @@ import numpy as np
 import torch
 
 from ..common.errors import HvdplusError
-from ..common.reduce_ops import Average
+from ..common.reduce_ops import Average, ReduceOp, Sum
 from ..common.scaling import Reduction, gradient_reduction
 from ..common.sparse import gathered
 from ..common.staleness import staleness_setting
 from ..core import runtime
+from ..core.communication_stats import count_payload, count_tensor, end_step
+from ..core.compressed_reduction import (LossyCompression, compression_label, finish_all, require_same_compression,
+                                         started)
 from ..core.join import JoinHook
 from ..core.load_balance import check_weighted_op
 from ..core.process_sets import global_process_set, is_job, overlaps_in, size_in
 from .compression import Compression
 from .functions import broadcast_optimizer_state, broadcast_parameters
+from .lossy_reduction import tensor_stages
 from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_
 
 __all__ = ["DistributedOptimizer", "wrapped_in"]
@@ -68,10 +72,15 @@ class _DistributedOptimizer:
         self._steps_submitted = 0  # with staleness: steps whose gradients went out; its parity names them
         if load_balancer is not None:
             check_weighted_op(op, "DistributedOptimizer(load_balancer=...)")
+        _check_lossy(compression, op, load_balancer, self._staleness)
         self._load_balancer = load_balancer
         self._local_samples = None  # set_local_samples(n): this rank's samples per step, once given
         self._step_weight = None  # the weight of the step whose gradients are being submitted
         self._compression = compression
+        self._lossy = isinstance(compression, LossyCompression)
+        # Compression state made before the wrapped optimizer's first step, which may take an
+        # empty state for "not started" (Adam): moved into self.state after that step.
+        self._early_state = {}
         self._passes_per_step = backward_passes_per_step
         self._sparse_as_dense = sparse_as_dense
         self._sparse_dims = {}  # id(parameter) -> sparse_dim of its gradients, where they came sparse
@@ -134,6 +143,7 @@ class _DistributedOptimizer:
         self._applies = False
         self._synchronized = False
         self._should_synchronize = True
+        self._compression_agreed = False
         self._hooks = []
         if size > 1:
             self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready) for p in trained]
@@ -156,6 +166,9 @@ class _DistributedOptimizer:
             if self._staleness:
                 raise ValueError(f"DistributedOptimizer(staleness={self._staleness}).set_local_samples({samples}): "
                                  "weighted averages of delayed gradients are not supported; use staleness=0")
+            if self._lossy:
+                raise ValueError(f"DistributedOptimizer.set_local_samples(): {self._compression!r} does not weight "
+                                 "gradients; use Compression.none, .fp16 or .bf16")
         if self._submitted and samples != self._step_weight:
             raise RuntimeError(
                 f"DistributedOptimizer.set_local_samples({samples}): this step's gradients are already being "
@@ -191,6 +204,9 @@ class _DistributedOptimizer:
     def _submit(self, param):
         key = id(param)
         self._submitted.add(key)
+        if self._lossy:
+            self._pending.append(self._lossy_reduction(param))
+            return
         group = self._groups.get(key)
         if group is None:
             self._pending.append(self._allreduce_gradient(param))
@@ -258,7 +274,35 @@ class _DistributedOptimizer:
         wire, ctx = self._compression.compress(grad)
         if not wire.is_contiguous():
             wire = wire.contiguous()
+        label = compression_label(self._compression)
+        count_tensor(label, grad.numel() * grad.element_size())
+        count_payload(label, "allreduce", wire.numel() * wire.element_size())
         return wire, ctx
+
+    def _lossy_reduction(self, param):
+        """Start a gradient's reduction with a compressor that keeps state (int8, top-k,
+        PowerSGD), each on its own: its first stage now, the rest at synchronize()."""
+        grad = self._dense_gradient(param)
+        stages = tensor_stages(self._compression, grad, f"grad.{self._names[param]}", self._compression_state(param),
+                               self._reduction.factor(self._size), self._process_set)
+
+        def then_sparse_again():
+            yield from stages
+            self._sparse_again(param)
+
+        return started(then_sparse_again())
+
+    def _compression_state(self, param):
+        """The dict that holds `param`'s compression state: its optimizer state once the
+        wrapped optimizer has made some, until then one of ours (see _early_state)."""
+        if self.state.get(param):
+            return self.state[param]
+        return self._early_state.setdefault(param, {})
+
+    def _adopt_early_state(self):
+        for param, store in self._early_state.items():
+            self.state[param].update(store)
+        self._early_state = {}
 
     def _allreduce_gradient(self, param):
         """Submit one gradient's all-reduce; returns the function that finishes it."""
@@ -347,6 +391,11 @@ class _DistributedOptimizer:
         applies nothing)."""
         if self._set_gone:
             raise ValueError(self._set_gone)
+        if self._hooks and not self._compression_agreed:
+            # Once per attachment: ranks that compress differently would submit collectives
+            # that never pair up, so each learns of it here instead, before waiting on them.
+            require_same_compression(self._compression, "DistributedOptimizer", self._process_set)
+            self._compression_agreed = True
         if self._hooks:
             for param in self._params:
                 if param.requires_grad and id(param) not in self._submitted:
@@ -356,8 +405,8 @@ class _DistributedOptimizer:
         try:
             if self._staleness:
                 pending, delayed = self._keep_in_flight(pending, delayed)
-            for finish in pending:
-                finish()
+            finish_all(pending)
+            end_step()
         finally:
             # Also after a failed all-reduce, so the next step starts afresh (hvdplus.elastic).
             self._submitted.clear()
@@ -422,6 +471,9 @@ class _DistributedOptimizer:
         step, has none: the next step then applies nothing)."""
         state_dict = dict(state_dict)
         delayed = state_dict.pop("staleness", None)
+        # The loaded state holds the compression state it was saved with (or none): what this
+        # optimizer kept aside before its first step is older.
+        self._early_state = {}
         super().load_state_dict(state_dict)
         if not self._staleness:
             return
@@ -482,7 +534,9 @@ class _DistributedOptimizer:
         self._synchronized = False
         if self._staleness and not self._applies:
             return None  # the first step: its gradients are only sent
-        return super().step(closure)
+        result = super().step(closure)
+        self._adopt_early_state()
+        return result
 
     def _hvdplus_local_step(self):
         """The wrapped optimizer's step on this rank's gradients as they are, reducing nothing
@@ -506,6 +560,22 @@ def _checked_staleness(staleness, load_balancer) -> int:
         raise ValueError("DistributedOptimizer(staleness=1, load_balancer=...): weighted averages of delayed "
                          "gradients are not supported; use staleness=0")
     return staleness
+
+
+def _check_lossy(compression, op, load_balancer, staleness):
+    """A compressor with state (int8, top-k, PowerSGD) sums: it takes Average or Sum, unweighted,
+    and its reductions finish within their step."""
+    if not isinstance(compression, LossyCompression):
+        return
+    if op not in (Average, Sum):
+        raise ValueError(f"DistributedOptimizer(compression={compression!r}) takes op Average or Sum, got "
+                         f"{ReduceOp(op).label}")
+    if load_balancer is not None:
+        raise ValueError(f"DistributedOptimizer(compression={compression!r}) does not weight gradients, so it "
+                         "cannot take load_balancer=; use Compression.none, .fp16 or .bf16")
+    if staleness:
+        raise ValueError(f"DistributedOptimizer(compression={compression!r}, staleness={staleness}): delayed "
+                         "gradients are not compressed with error feedback; use Compression.none, .fp16 or .bf16")
 
 
 def _averages_here(process_set) -> bool:
@@ -603,7 +673,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Args:
         optimizer: any torch.optim optimizer; its state and hooks carry over.
         named_parameters: `model.named_parameters()`, to name the all-reduces (recommended).
-        compression: Compression.none, .fp16 or .bf16 for the all-reduced gradients.
+        compression: Compression.none, .fp16, .bf16 (cast for the wire), or .int8,
+            .topk(ratio), .powersgd(rank=r, warmup_steps=w) (lossy, with error feedback kept
+            in the optimizer's state; op Average or Sum, unweighted); see docs/compression.md.
         backward_passes_per_step: backward passes accumulated locally before each all-reduce.
         op: Average (default) or Sum over ranks.
         gradient_predivide_factor: with Average, divide by f before the sum and by size/f after.
