@@ -148,7 +148,7 @@ class _ShardedOptimizerHandler(_StateDictHandler):
         # Every rank that holds the newest commit holds the same full dict: the root's goes to
         # the others, and each takes its share of it for the size the job has now.
         full = broadcast_object(self.saved if runtime.rank() == root_rank else None, root_rank=root_rank, name=name)
-        value.load_state_dict(full)
+        value.load_state_dict(_copied(full))  # the optimizer keeps the tensors it loads: never the saved ones
         return value
 
 

@@ -79,7 +79,13 @@ class ZeroRedundancyOptimizer(_DistributedOptimizer, _ShardedStep, torch.optim.O
         self._shard_gradients = bool(shard_gradients)
         self._hvdplus_setup(named_parameters, compression, backward_passes_per_step, Average, 1.0, None, False,
                             process_set)
-        self._check_alike_on_every_rank()
+        try:
+            self._check_alike_on_every_rank()
+        except ValueError:
+            for hook in self._hooks:  # the parameters stay usable by an optimizer made right
+                hook.remove()
+            self._hvdplus_detach_from_reforms()
+            raise
 
     # -- the state of this rank's share -------------------------------------------------
     @property
