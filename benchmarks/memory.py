@@ -90,8 +90,7 @@ def wrapped(way, model):
                                                 named_parameters=model.named_parameters(), lr=1e-4)
         return model, optimizer
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if hvd.size() > 1 else model
-    return ddp, ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-4)
+    return torch.nn.parallel.DistributedDataParallel(model), ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-4)
 
 
 def state_bytes(optimizer):
@@ -132,7 +131,7 @@ def mib(nbytes):
 
 def start_gloo():
     """torch.distributed on gloo over the same ranks, for torch's ZeroRedundancyOptimizer."""
-    if hvd.size() == 1 or dist.is_initialized():
+    if dist.is_initialized():
         return
     port = hvd.broadcast_object(_free_port() if hvd.rank() == 0 else None, root_rank=0, name="gloo port")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
