@@ -90,7 +90,8 @@ def wrapped(way, model):
                                                 named_parameters=model.named_parameters(), lr=1e-4)
         return model, optimizer
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    return torch.nn.parallel.DistributedDataParallel(model), ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-4)
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-4)
+    return torch.nn.parallel.DistributedDataParallel(model), optimizer
 
 
 def state_bytes(optimizer):
