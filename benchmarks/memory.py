@@ -15,7 +15,9 @@ DistributedDataParallel on gloo. For each way, each rank reports:
   two warm-up steps.
 
 The model of each way is freed before the next is built, and large tensors are given back to
-the system when freed, so each way's peak is its own. Writes benchmarks/results/memory_np<ranks>.csv
+the system when freed, so each way's peak is its own. A first, unrecorded run of the first way
+pays what a process allocates once (the allocator's arenas, the engine's buffers), which would
+otherwise count against whichever way came first. Writes benchmarks/results/memory_np<ranks>.csv
 (see harness.write_results) and prints a table.
 """
 
@@ -160,9 +162,11 @@ def main():
     torch.set_num_threads(1)
     hvd.init()
     rows = []
-    for way in args.ways.split(","):
-        if way == "torch_zero_ddp":
-            start_gloo()
+    ways = args.ways.split(",")
+    if "torch_zero_ddp" in ways:
+        start_gloo()
+    measure(ways[0], args)  # unrecorded: what the process allocates once
+    for way in ways:
         every = hvd.allgather_object(measure(way, args), name=f"memory.{way}")
         rows += every
     if hvd.rank() == 0:
