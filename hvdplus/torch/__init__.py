@@ -22,11 +22,13 @@ from .mpi_ops import __all__ as _MPI_OPS
 from .optimizer import DistributedOptimizer
 from .p2p import recv, recv_async, send, send_async
 from .sync_batch_norm import SyncBatchNorm
+from .zero import ZeroRedundancyOptimizer
 
 __all__ = [
     *_BASICS, *_MPI_OPS,
     "elastic", "LoadBalancer", "BalancedSampler",
     "Join", "Compression", "allgather_object", "broadcast_object", "broadcast_optimizer_state",
     "broadcast_parameters", "DistributedOptimizer", "recv", "recv_async", "send", "send_async", "SyncBatchNorm",
-    "PeriodicModelAverager", "LocalSGD", "DiLoCo", "communication_stats", "reset_communication_stats",
+    "PeriodicModelAverager", "LocalSGD", "DiLoCo", "ZeroRedundancyOptimizer", "communication_stats",
+    "reset_communication_stats",
 ]

@@ -27,6 +27,7 @@ import torch
 from ..elastic import HostsUpdatedInterrupt, ObjectHandler, ObjectState, RanksFailedError, State, run
 from ..core import runtime
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .zero import ZeroRedundancyOptimizer
 
 __all__ = ["TorchState", "ElasticSampler", "run", "ObjectState", "State", "HostsUpdatedInterrupt",
            "RanksFailedError"]
@@ -134,6 +135,25 @@ class _StateDictHandler(ObjectHandler):
         return self.restore(value)
 
 
+class _ShardedOptimizerHandler(_StateDictHandler):
+    """Keeps a ZeroRedundancyOptimizer's full state dict on every rank (one all-gather of the
+    shards per commit), so that the survivors of any lost rank hold all of it, and reshards
+    it over the ranks there are when it is restored or synced."""
+
+    def __init__(self, optimizer):
+        super().__init__(optimizer, sync=None)
+
+    def save(self, value):
+        self.saved = _copied(value.consolidate_state_dict(to=None), getattr(self, "saved", None))
+
+    def sync(self, value, name, root_rank=0):
+        # Every rank that holds the newest commit holds the same full dict: the root's goes to
+        # the others, and each takes its share of it for the size the job has now.
+        full = broadcast_object(self.saved if runtime.rank() == root_rank else None, root_rank=root_rank, name=name)
+        value.load_state_dict(_copied(full))  # the optimizer keeps the tensors it loads: never the saved ones
+        return value
+
+
 def _sync_model(model, name, root_rank):
     broadcast_parameters(model.state_dict(), root_rank=root_rank)
 
@@ -149,6 +169,8 @@ def _sync_sampler(sampler, name, root_rank):
 def _handler_for(value: Any):
     if isinstance(value, torch.nn.Module):
         return _StateDictHandler(value, _sync_model)
+    if isinstance(value, ZeroRedundancyOptimizer):
+        return _ShardedOptimizerHandler(value)
     if isinstance(value, torch.optim.Optimizer):
         return _StateDictHandler(value, _sync_optimizer)
     if isinstance(value, ElasticSampler):

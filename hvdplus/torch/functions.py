@@ -55,6 +55,10 @@ def broadcast_optimizer_state(optimizer, root_rank=0, process_set=global_process
         root_rank: the (job) rank whose state wins.
         process_set: the ranks that take part (default: every rank).
     """
+    own_way = getattr(optimizer, "_hvdplus_broadcast_state", None)
+    if own_way is not None:  # a sharded optimizer (ZeroRedundancyOptimizer) reshards the root's state
+        own_way(root_rank, process_set)
+        return
     if not optimizer.state:
         _take_a_step_on_zero_gradients(optimizer)
     state = collectives.broadcast_object(

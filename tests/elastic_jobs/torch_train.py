@@ -1,7 +1,7 @@
 """An elastic PyTorch training job for tests/test_elastic.py: a linear model on a fixed
 dataset whose samples carry their ids, trained with hvdplus.elastic.run.
 
-    train.py OUT [--kill RANK:STEP:PHASE ...] [--epochs E]
+    train.py OUT [--kill RANK:STEP:PHASE ...] [--epochs E] [--zero STAGE]
 
 Each committed step appends (epoch, size, the ids of every rank's batch) to the state's
 log, so the test can check that every sample was committed once per epoch, and replay
@@ -11,7 +11,9 @@ all-reduces submitted), "commit" (inside state.commit), "sync" (inside the state
 after a re-form), "end" (after the last commit). With --balancer, every step also feeds
 a LoadBalancer, which must follow each re-form by itself: sizes for the job's new size. With
 --grow, rank 0 adds slots for the launcher's host discovery to find at a given step. Each kill
-happens once per job: a marker file next to OUT remembers it across restarts.
+happens once per job: a marker file next to OUT remembers it across restarts. With --zero 1 or
+2, the optimizer is hvd.ZeroRedundancyOptimizer at that stage (at 3 ranks the model's two
+parameters leave one rank owning none), whose commits must reshard over the survivors.
 """
 
 import argparse
@@ -64,14 +66,19 @@ def main():
                         help="at STEP, rank 0 writes 'localhost:SLOTS' to FILE (which discovery reads)")
     parser.add_argument("--step-seconds", type=float, default=0.0)
     parser.add_argument("--balancer", action="store_true")
+    parser.add_argument("--zero", type=int, choices=[1, 2], help="a ZeroRedundancyOptimizer of this stage")
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init()
     kills = Kills(args.kill, args.out)
     data = dataset()
     model = initial_model()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                         named_parameters=model.named_parameters())
+    if args.zero:
+        optimizer = hvd.ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, shard_gradients=args.zero == 2,
+                                                named_parameters=model.named_parameters(), lr=0.05, momentum=0.9)
+    else:
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                             named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=11)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, log=[])
     resets = []  # the job's size after each re-form this process saw
