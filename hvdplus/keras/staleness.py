@@ -16,6 +16,8 @@ where jax traces the all-reduce into the step (a train_step of one's own, keras.
 the step there has no host side to keep the previous step's gradients.
 """
 
+import itertools
+
 import keras
 import numpy as np
 
@@ -47,8 +49,13 @@ def checked_staleness(staleness, backend: str, weighted: bool, passes: int) -> i
 class DelayedGradients:
     """The all-reduce in flight from the last step, and the step count whose parity names it."""
 
+    _made = itertools.count()
+
     def __init__(self, name: str):
-        self.name = name
+        # The last step's all-reduce stays in flight when fit ends (the next fit applies it), so
+        # an optimizer made after this one must not take its names: each gets the number of
+        # those made before it in the program, the same on every rank.
+        self.name = f"{name}.{next(DelayedGradients._made)}"
         self.steps_sent = 0
         self._in_flight = None  # (handle, indices of the present gradients, how many gradients)
 
