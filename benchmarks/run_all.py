@@ -10,8 +10,8 @@ with that command; and at the end rewrites the tables generated from the CSV fil
 installed). The first benchmark that fails stops the run, with a message naming it and the
 command that goes on from it; the tables are then left as they were.
 
-multihost and slurm run containers, so they need root and podman (docs/multihost.md,
-docs/slurm.md), and multihost takes much longer than the others: `--skip multihost slurm`
+multihost, regimes and slurm run containers, so they need root and podman (docs/multihost.md,
+docs/slurm.md), and multihost takes much longer than the others: `--skip multihost regimes slurm`
 leaves them out.
 """
 
@@ -68,6 +68,7 @@ BENCHMARKS = (
     Benchmark("balance_np4.csv", "hvdplusrun -np 4 python benchmarks/balance.py"),
     Benchmark("autotune_np2.csv", "HOROVOD_AUTOTUNE=1 hvdplusrun -np 2 python benchmarks/autotune.py"),
     Benchmark("multihost_np4.csv", "python benchmarks/multihost.py"),
+    Benchmark("regimes_np2.csv", "python benchmarks/regimes.py"),
     Benchmark("startup_np2.csv", "python benchmarks/startup.py"),
     Benchmark("ray_recovery_np2.csv", "python benchmarks/ray_recovery.py"),
     Benchmark("spark_np2.csv", "python benchmarks/spark.py"),
@@ -137,8 +138,8 @@ def list_benchmarks():
 def main():
     names = [benchmark.name for benchmark in BENCHMARKS]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     epilog="multihost and slurm need root and podman, and multihost runs far "
-                                            "longer than the rest: --skip multihost slurm leaves them out.")
+                                     epilog="multihost, regimes and slurm need root and podman, and multihost runs far "
+                                            "longer than the rest: --skip multihost regimes slurm leaves them out.")
     parser.add_argument("--only", nargs="+", metavar="NAME", choices=names, help=f"run these only: {', '.join(names)}")
     parser.add_argument("--skip", nargs="+", metavar="NAME", choices=names, default=[], help="run all but these")
     parser.add_argument("--list", action="store_true", help="list the benchmarks, their commands and when their "

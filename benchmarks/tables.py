@@ -32,7 +32,7 @@ __all__ = ["TABLES", "DOCUMENTS", "Results", "render", "render_document", "stale
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPOSITORY, "benchmarks", "results")
-DOCUMENTS = ("docs/performance.md", "docs/elastic.md", "README.md")
+DOCUMENTS = ("docs/performance.md", "docs/elastic.md", "docs/training-regimes.md", "README.md")
 MARKED = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results -->)", re.DOTALL)
 MACHINE = "machine"
 MIB = 1024 * 1024
@@ -335,6 +335,12 @@ def balance(*sources):
         ("throughput, balanced over the ideal", "throughput",
          lambda row: fraction(float(row["balanced_over_ideal"])), "at least 0.9"),
         ("local batch sizes, balanced", "throughput", lambda row: row["sizes"], ""),
+        ("the ceiling: sizes fixed from the ranks' known speeds (samples/s, over the ideal)", "throughput",
+         lambda row: f"{rate(float(row['known_sizes_samples_s']))} ({fraction(float(row['known_sizes_over_ideal']))})"
+         if row.get("known_sizes_samples_s") else "", ""),
+        ("throughput, balanced over that ceiling", "throughput",
+         lambda row: fraction(float(row["balanced_over_known_sizes"])) if row.get("balanced_over_known_sizes")
+         else "", ""),
         ("steps to adapt once the rank turns slow (its size before, after)", "adapt",
          lambda row: f"{row['steps_to_adapt']} ({row['size_before']}, {float(row['size_settled']):g})", "at most 10"),
         ("digits test accuracy: equal batches, balanced", "digits",
@@ -349,6 +355,43 @@ def balance(*sources):
               *(f"{results.rows[0]['ranks']} ranks" for results in sources), "goal"]
     return markdown_table(header, [[label, *(cell(results, measure, render) for results in sources), goal]
                                    for label, measure, render, goal in lines])
+
+
+def regimes(results):
+    """Each regime's throughput at each link rate, its bytes on the wire per sample at the
+    slowest, and its accuracy on the digits; then the goals' ratios."""
+    speed = results.where(measurement="throughput")
+    rates = sorted({float(row["link_gbit"]) for row in speed}, reverse=True)
+    slowest = min(rates)
+
+    def at(regime, gbit, column):
+        rows = [row for row in speed if row["way"] == regime and float(row["link_gbit"]) == gbit]
+        return float(rows[0][column]) if rows else None
+
+    def link(gbit):
+        return f"{gbit:g} Gbit/s" if gbit >= 1 else f"{gbit * 1000:g} Mbit/s"
+
+    sync = at("synchronous", slowest, "samples_per_s")
+    accuracy = {row["way"]: (float(row["accuracy"]), row["steps"]) for row in results.where(measurement="accuracy")}
+    steps = next(iter(accuracy.values()))[1] if accuracy else ""
+    regime_names = list(dict.fromkeys(row["way"] for row in speed))
+    table = markdown_table(
+        ["regime", *(f"samples/s at {link(gbit)}" for gbit in rates), f"over synchronous at {link(slowest)}",
+         f"bytes sent per sample at {link(slowest)}", f"digits accuracy after {steps} steps"],
+        [[regime, *(rate(at(regime, gbit, "samples_per_s")) for gbit in rates),
+          times(at(regime, slowest, "samples_per_s") / sync),
+          f"{at(regime, slowest, 'bytes_sent_per_sample'):,.0f}",
+          f"{100 * accuracy[regime][0]:.1f} %" if regime in accuracy else ""] for regime in regime_names])
+    fast = at("local SGD H=16", slowest, "samples_per_s")
+    anchor = at("torch post-local SGD H=16", slowest, "samples_per_s")
+    worst = max(abs(value - accuracy["synchronous"][0]) for value, _ in accuracy.values()) if accuracy else None
+    goals = markdown_table(["goal", "measured"], [
+        [f"local SGD H=16 over synchronous at {link(slowest)}: at least 5x", times(fast / sync)],
+        [f"local SGD H=16 over torch's post-local SGD H=16 at {link(slowest)}: at least 1x", times(fast / anchor)],
+        ["every regime's accuracy within 1 point of synchronous",
+         "" if worst is None else f"{100 * worst:.1f} points at most"]])
+    model = f"An MLP of {int(speed[0]['parameters']):,} parameters, {results.rows[0]['ranks']} ranks on as many hosts."
+    return "\n\n".join([machine(results), model, table, goals])
 
 
 def ray_recovery(results):
@@ -515,6 +558,7 @@ TABLES = {
     "elastic": Table(("elastic_np2.csv",), elastic),
     "startup": Table(("startup_np2.csv",), startup),
     "ray_recovery": Table(("ray_recovery_np2.csv",), ray_recovery),
+    "regimes": Table(("regimes_np2.csv",), regimes, own_machine=True),
     "waiting": Table(("waiting_np2.csv",), waiting),
     "balance": Table(("balance_np2.csv", "balance_np4.csv"), balance),
     "spark": Table(("spark_np2.csv",), spark),
