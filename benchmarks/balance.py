@@ -11,7 +11,10 @@ it. Each measurement is one row of benchmarks/results/balance_np<ranks>.csv:
   all-reduce) with equal local batches, as Horovod and DDP run, and with `hvd.LoadBalancer`
   sizing them (the DistributedOptimizer weighing the gradients by them); `ideal` is the sum of
   the ranks' own compute speeds, measured during the equal run: what perfect balance with free
-  communication would reach.
+  communication would reach. `known sizes`: fixed local batches in proportion to those
+  measured speeds, set before the run and never measured again (the gradients weighed by
+  them): the most any balancer that sizes batches can reach here, its ceiling, since it
+  pays the same communication and per-step costs as the balancer.
 - `adapt`: the last rank turns slow halfway through a run; the steps from then until its size
   is within 10 % of where it settles.
 - `digits`: test accuracy on scikit-learn's digits after `--epochs` epochs, with and without the
@@ -33,6 +36,7 @@ import torch
 
 import hvdplus.torch as hvd
 from harness import add_csv_option, write_results
+from hvdplus.common.batch_sizes import balanced_sizes
 from hvdplus.torch.pipeline import Pipeline, split_sequential
 
 WIDTH, FEATURES, CLASSES = 512, 64, 10
@@ -48,7 +52,7 @@ def mlp():
 class Trainer:
     """An MLP's data-parallel training with the last rank `slowdown` times slower once slowed."""
 
-    def __init__(self, global_batch, balanced, slowdown, lr=0.05):
+    def __init__(self, global_batch, balanced, slowdown, lr=0.05, known_sizes=None):
         self.model = mlp()
         self.twin = copy.deepcopy(self.model)  # the slow rank's repeats: cost only
         self.balancer = hvd.LoadBalancer(global_batch, min_batch_size=8) if balanced else None
@@ -56,17 +60,23 @@ class Trainer:
                                                   named_parameters=self.model.named_parameters(),
                                                   load_balancer=self.balancer)
         self.global_batch, self.slowdown, self.slowed = global_batch, slowdown, True
+        self.known_sizes = known_sizes
         self.compute_seconds, self.samples = 0.0, 0
 
     def share(self, indices):
         """This rank's part of a global batch's indices."""
         if self.balancer is not None:
             return self.balancer.slice(indices)
+        if self.known_sizes is not None:
+            start = sum(self.known_sizes[:hvd.rank()])
+            return indices[start:start + self.known_sizes[hvd.rank()]]
         size, rank = hvd.size(), hvd.rank()
         return indices[rank * len(indices) // size:(rank + 1) * len(indices) // size]
 
     def step(self, x, y):
         start = time.perf_counter()
+        if self.known_sizes is not None:
+            self.optimizer.set_local_samples(len(x))
         self.optimizer.zero_grad()
         torch.nn.functional.cross_entropy(self.model(x), y).backward()
         if self.slowed and hvd.rank() == hvd.size() - 1:
@@ -84,12 +94,15 @@ class Trainer:
     def sizes(self):
         if self.balancer is not None:
             return self.balancer.sizes()
+        if self.known_sizes is not None:
+            return list(self.known_sizes)
         size = hvd.size()
         return [(r + 1) * self.global_batch // size - r * self.global_batch // size for r in range(size)]
 
 
-def throughput(balanced, global_batch, steps, slowdown):
-    trainer = Trainer(global_batch, balanced, slowdown)
+def throughput(balanced, global_batch, steps, slowdown, known_sizes=None):
+    """(samples/s, each rank's own compute speed, the sizes at the end)."""
+    trainer = Trainer(global_batch, balanced, slowdown, known_sizes=known_sizes)
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(global_batch, FEATURES, generator=generator)
     y = torch.randint(0, CLASSES, (global_batch,), generator=generator)
@@ -104,7 +117,7 @@ def throughput(balanced, global_batch, steps, slowdown):
     hvd.barrier()
     seconds = time.perf_counter() - start
     speeds = hvd.allgather_object(trainer.samples / trainer.compute_seconds, name="balance.speeds")
-    return steps * global_batch / seconds, sum(speeds), trainer.sizes()
+    return steps * global_batch / seconds, speeds, trainer.sizes()
 
 
 def steps_to_adapt(global_batch, steps, slowdown):
@@ -195,11 +208,16 @@ def main():
             print(", ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
                             for key, value in row.items()), flush=True)
 
-    equal, ideal, _ = throughput(False, args.global_batch, args.steps, args.slowdown)
+    equal, speeds, _ = throughput(False, args.global_batch, args.steps, args.slowdown)
+    ideal = sum(speeds)
     balanced, _, sizes = throughput(True, args.global_batch, args.steps, args.slowdown)
+    known_sizes = balanced_sizes(speeds, args.global_batch, 8)
+    known, _, _ = throughput(False, args.global_batch, args.steps, args.slowdown, known_sizes)
     report({"measure": "throughput", "slowdown": args.slowdown, "equal_samples_s": equal,
             "balanced_samples_s": balanced, "ideal_samples_s": ideal, "balanced_over_equal": balanced / equal,
-            "balanced_over_ideal": balanced / ideal, "sizes": " ".join(map(str, sizes))})
+            "balanced_over_ideal": balanced / ideal, "sizes": " ".join(map(str, sizes)),
+            "known_sizes_samples_s": known, "known_sizes": " ".join(map(str, known_sizes)),
+            "known_sizes_over_ideal": known / ideal, "balanced_over_known_sizes": balanced / known})
     adapted, before, settled = steps_to_adapt(args.global_batch, 2 * args.steps, args.slowdown)
     report({"measure": "adapt", "slowdown": args.slowdown, "steps_to_adapt": adapted,
             "size_before": before, "size_settled": settled})
