@@ -16,10 +16,10 @@ from testkit.programs import program
 pytestmark = pytest.mark.mpi
 
 
-# Suites that a test file of their own runs (tests/test_training_regimes.py, tests/test_zero.py), at the
-# sizes it names.
+# Suites that a test file of their own runs (tests/test_training_regimes.py, tests/test_zero.py,
+# tests/test_compression.py), at the sizes it names.
 RUN_ELSEWHERE = {"tests/mpi/test_torch_regimes.py", "tests/mpi/test_torch_zero.py",
-                 "tests/mpi/test_torch_zero_resize.py"}
+                 "tests/mpi/test_torch_zero_resize.py", "tests/mpi/test_torch_compression.py"}
 MPI_SUITES = sorted(suite for suite in (os.path.relpath(path, REPO) for path in
                                         glob.glob(os.path.join(REPO, "tests", "mpi", "test_*.py")))
                     if suite not in RUN_ELSEWHERE)
