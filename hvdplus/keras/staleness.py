@@ -16,8 +16,6 @@ where jax traces the all-reduce into the step (a train_step of one's own, keras.
 the step there has no host side to keep the previous step's gradients.
 """
 
-import itertools
-
 import keras
 import numpy as np
 
@@ -49,15 +47,24 @@ def checked_staleness(staleness, backend: str, weighted: bool, passes: int) -> i
 class DelayedGradients:
     """The all-reduce in flight from the last step, and the step count whose parity names it."""
 
-    _made = itertools.count()
+    # Each name in flight, and the DelayedGradients that submitted it. The last step's
+    # all-reduce stays in flight when fit ends (the next fit applies it); an optimizer made
+    # after that one submits the same name, so it first waits for the older one's and leaves
+    # the result with it. The names stay those every rank makes alike.
+    _holders = {}
 
     def __init__(self, name: str):
-        # The last step's all-reduce stays in flight when fit ends (the next fit applies it), so
-        # an optimizer made after this one must not take its names: each gets the number of
-        # those made before it in the program, the same on every rank.
-        self.name = f"{name}.{next(DelayedGradients._made)}"
+        self.name = name
         self.steps_sent = 0
-        self._in_flight = None  # (handle, indices of the present gradients, how many gradients)
+        self._in_flight = None  # (its name, a handle or the waited arrays, indices of the present gradients, count)
+
+    def _settle(self) -> None:
+        """Wait for the all-reduce in flight, keeping its result for the next exchange."""
+        name, result, present, count = self._in_flight
+        if not isinstance(result, list):
+            self._in_flight = (name, result.wait(), present, count)
+        if DelayedGradients._holders.get(name) is self:
+            del DelayedGradients._holders[name]
 
     def exchange(self, grads, reduction, process_set):
         """Submit `grads`' all-reduce (copies, as numpy) and return the previous step's
@@ -72,14 +79,20 @@ class DelayedGradients:
         present = [i for i, g in enumerate(grads) if g is not None]
         arrays = [np.array(keras.ops.convert_to_numpy(grads[i])) for i in present]  # copies
         op, prescale, postscale = reduction
-        handle = collectives.grouped_allreduce_async(arrays, f"{self.name}.{self.steps_sent % 2}", op, prescale,
-                                                     postscale, process_set=process_set)
-        previous, self._in_flight = self._in_flight, (handle, present, len(grads))
+        name = f"{self.name}.{self.steps_sent % 2}"
+        holder = DelayedGradients._holders.get(name)
+        if holder is not None and holder is not self:
+            holder._settle()
+        handle = collectives.grouped_allreduce_async(arrays, name, op, prescale, postscale, process_set=process_set)
+        if self._in_flight is not None:
+            self._settle()
+        previous, self._in_flight = self._in_flight, (name, handle, present, len(grads))
+        DelayedGradients._holders[name] = self
         self.steps_sent += 1
         if previous is None:
             return None
-        handle, present, count = previous
+        _, averaged_arrays, present, count = previous
         averaged = [None] * count
-        for index, array in zip(present, handle.wait()):
+        for index, array in zip(present, averaged_arrays):
             averaged[index] = keras.ops.convert_to_tensor(array)
         return averaged
